@@ -1,0 +1,61 @@
+"""Pytrees shared across modules.
+
+Shapes use B episodes, S turns (policy steps), O observation tokens shown before a
+turn, L action tokens per turn and K task-progress markers. A trajectory is stored
+turn-major inside each row; `token_view` flattens it to the token-level conventions of
+DESIGN.md (`tokens [B, T]`, `loss_mask`, `turn_ids`) with T = S * (O + L): for every
+turn, the observation tokens the policy read, then the tokens it wrote.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class Trajectory(NamedTuple):
+    """A batch of multi-turn episodes produced by `rlagent.rollout`."""
+
+    obs_tokens: jax.Array  # [B, S, O] int32: tool return / user message read before turn s.
+    progress: jax.Array  # [B, S, K] int32: task-progress markers (pending/done/failed) at turn s.
+    action_tokens: jax.Array  # [B, S, L] int32: sampled tokens of turn s (PAD after END).
+    action_mask: jax.Array  # [B, S, L] bool: tokens the policy generated (END included).
+    logp: jax.Array  # [B, S, L] float32: behaviour log-prob of each sampled token.
+    values: jax.Array  # [B, S, L] float32: value estimate at each action token.
+    turn_mask: jax.Array  # [B, S] bool: turn s was played.
+    outcome: jax.Array  # [B, S] float32: outcome (1 solved, else 0) on the final turn, else 0.
+    verdict: jax.Array  # [B, S] float32: oracle process verdict of turn s (+1 / 0 / -1).
+    efficiency: jax.Array  # [B, S] float32: efficiency reward of turn s (<= 0 past the plan).
+    violations: jax.Array  # [B, S] int32: guardrail rules broken by turn s.
+    done: jax.Array  # [B, S] bool: the episode terminated at turn s (discount 0 after it).
+    bootstrap_value: jax.Array  # [B] float32: value after the last played turn if truncated.
+    # [B, S, L, V] bool: tokens the sampler allowed (constrained decoding), so that
+    # teacher-forced scoring renormalises over the same set; None when sampling was free.
+    token_mask: jax.Array | None = None
+
+
+class TokenView(NamedTuple):
+    """Token-level view of a trajectory: observation then action tokens, turn by turn."""
+
+    tokens: jax.Array  # [B, T] int32.
+    loss_mask: jax.Array  # [B, T] bool: True exactly on generated tokens.
+    turn_ids: jax.Array  # [B, T] int32: turn index of a generated token, -1 elsewhere.
+
+
+def token_view(trajectory: Trajectory) -> TokenView:
+    """Flattens `[B, S, O]` observations and `[B, S, L]` actions into `[B, S * (O + L)]`."""
+    obs = trajectory.obs_tokens
+    act = trajectory.action_tokens
+    batch, turns, obs_len = obs.shape
+    act_len = act.shape[-1]
+    tokens = jnp.concatenate([obs, act], axis=-1).reshape(batch, -1)
+    act_mask = trajectory.action_mask & trajectory.turn_mask[..., None]
+    loss_mask = jnp.concatenate([jnp.zeros_like(obs, dtype=bool), act_mask], axis=-1)
+    turn_index = jnp.broadcast_to(
+        jnp.arange(turns, dtype=jnp.int32)[None, :, None], (batch, turns, obs_len + act_len)
+    )
+    loss_mask = loss_mask.reshape(batch, -1)
+    turn_ids = jnp.where(loss_mask, turn_index.reshape(batch, -1), -1)
+    return TokenView(tokens=tokens, loss_mask=loss_mask, turn_ids=turn_ids)
