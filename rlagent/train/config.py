@@ -1,0 +1,125 @@
+"""Typed, validated configuration of a PPO run.
+
+Experiments describe runs with `ml_collections` (see experiments/configs); the trainer
+takes this frozen dataclass so that kernels see typed scalars, unknown option names fail
+before anything is traced, and the config can be a static argument of `jit`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+ESTIMATORS = (
+    "gae_token",  # token-level GAE over generated tokens, bridging observation tokens.
+    "gae_turn",  # turn-level GAE (value at each turn's first token), broadcast to tokens.
+    "hierarchical",  # turn-level critic drives every token of the turn (ArCHer style).
+    "grpo",  # group-relative episode score, scaled by the group std.
+    "drgrpo",  # Dr.GRPO: group-relative, no std scaling.
+    "rloo",  # leave-one-out baseline.
+    "reinforce_pp",  # REINFORCE++: discounted token returns, globally whitened.
+    "gigpo",  # episode-relative plus step-relative within anchor-state groups.
+)
+REWARDS = (
+    "outcome",  # sparse: 1 on the final turn if the task is solved without a violation.
+    "process",  # dense: the oracle process verdict (+1 / 0 / -1) of every turn.
+    "composed",  # outcome / process / efficiency mix, `reward_weights`.
+    "prm_sum",  # outcome + prm_rewards(verdict, form="sum").
+    "prm_min",  # outcome + prm_rewards(verdict, form="min").
+    "potential",  # outcome + potential shaping with Phi = fraction of the plan done.
+)
+CRITIC_ESTIMATORS = ("gae_token", "gae_turn", "hierarchical")
+KL_PLACEMENTS = ("none", "reward", "loss")
+KL_KINDS = ("k1", "k2", "k3", "abs")
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+SCHEDULES = ("constant", "linear", "cosine")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Hyperparameters of `make_train`. Every field is a typed scalar or a tuple."""
+
+    num_updates: int = 60  # PPO iterations (rollout + optimisation).
+    num_groups: int = 8  # distinct tasks per iteration.
+    group_size: int = 8  # episodes per task (GRPO / RLOO / GiGPO groups).
+    reward: str = "process"  # one of REWARDS.
+    reward_weights: tuple[float, float, float] = (0.5, 0.3, 0.2)  # outcome, process, efficiency
+    prm_temperature: float = 0.1  # temperature of the min-form PRM credit.
+    violation_penalty: float = 1.0  # subtracted from the turn reward per guardrail violation.
+    estimator: str = "gae_turn"  # one of ESTIMATORS.
+    gamma: float = 1.0
+    lam: float = 0.95
+    gigpo_omega: float = 1.0
+    normalize_advantages: bool = True  # masked whitening of critic-based advantages.
+    num_epochs: int = 2
+    num_minibatches: int = 2
+    clip_low: float = 0.2
+    clip_high: float = 0.28  # asymmetric "clip-higher" upper bound.
+    dual_clip: float | None = 3.0
+    agg: str = "token-mean"  # one of AGG_MODES.
+    value_coef: float = 0.5
+    value_clip: float | None = 0.2
+    entropy_coef: float = 0.01
+    kl_placement: str = "loss"  # one of KL_PLACEMENTS: KL to the frozen initial policy.
+    kl_kind: str = "k3"  # one of KL_KINDS.
+    kl_coef: float = 0.0
+    kl_target: float | None = None  # adaptive coefficient when set (Ziegler et al. 2019).
+    kl_horizon: float = 1000.0  # adaptive controller horizon, in episodes.
+    learning_rate: float = 3e-3
+    lr_schedule: str = "constant"  # one of SCHEDULES.
+    warmup_updates: int = 0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+
+    def __post_init__(self):
+        _check_choice("reward", self.reward, REWARDS)
+        _check_choice("estimator", self.estimator, ESTIMATORS)
+        _check_choice("kl_placement", self.kl_placement, KL_PLACEMENTS)
+        _check_choice("kl_kind", self.kl_kind, KL_KINDS)
+        _check_choice("agg", self.agg, AGG_MODES)
+        _check_choice("lr_schedule", self.lr_schedule, SCHEDULES)
+        for name in ("num_updates", "num_groups", "group_size", "num_epochs", "num_minibatches"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}.")
+        if self.batch_size % self.num_minibatches:
+            raise ValueError(
+                f"num_groups * group_size = {self.batch_size} episodes must divide into "
+                f"num_minibatches = {self.num_minibatches} equal minibatches."
+            )
+        if self.estimator in ("grpo", "drgrpo", "rloo", "gigpo") and self.group_size < 2:
+            raise ValueError(f"estimator={self.estimator!r} needs group_size >= 2.")
+        if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"gamma and lam must lie in [0, 1], got {self.gamma}, {self.lam}.")
+        if len(self.reward_weights) != 3:
+            raise ValueError("reward_weights must be (outcome, process, efficiency).")
+        if self.kl_target is not None and self.kl_placement == "none":
+            raise ValueError("kl_target (adaptive KL) needs kl_placement 'reward' or 'loss'.")
+        if self.learning_rate <= 0 or self.clip_low <= 0 or self.clip_high <= 0:
+            raise ValueError("learning_rate, clip_low and clip_high must be positive.")
+
+    @property
+    def batch_size(self) -> int:
+        """Episodes per iteration."""
+        return self.num_groups * self.group_size
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.estimator in CRITIC_ESTIMATORS
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> TrainConfig:
+        """Builds a config from a dict / ConfigDict, rejecting unknown field names."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - fields)
+        if unknown:
+            raise ValueError(f"Unknown TrainConfig fields {unknown}; known: {sorted(fields)}.")
+        kwargs = dict(values)
+        if "reward_weights" in kwargs:
+            kwargs["reward_weights"] = tuple(float(w) for w in kwargs["reward_weights"])
+        return cls(**kwargs)
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"Unknown {name} {value!r}; expected one of {choices}.")

@@ -1,0 +1,70 @@
+"""Metric writers: one CSV of every (update, seed) row, and TensorBoard scalars."""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Iterable
+from collections.abc import Mapping
+
+
+class MetricWriter:
+    """Appends metric rows to `<workdir>/metrics.csv` and TensorBoard event files.
+
+    Rows are dicts of scalars sharing one set of keys. `truncate(after_update)` drops rows
+    past a checkpoint, so a resumed run writes the same file as an uninterrupted one.
+    """
+
+    def __init__(self, workdir: str, *, tensorboard: bool = True, filename: str = "metrics.csv"):
+        os.makedirs(workdir, exist_ok=True)
+        self.path = os.path.join(workdir, filename)
+        self._tb = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+    def read(self) -> list[dict[str, float]]:
+        if not os.path.exists(self.path):
+            return []
+        with open(self.path, newline="") as f:
+            return [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+    def truncate(self, after_update: int) -> list[dict[str, float]]:
+        """Keeps rows with `update <= after_update`; returns them."""
+        rows = [row for row in self.read() if row["update"] <= after_update]
+        if os.path.exists(self.path):
+            os.remove(self.path)
+        self.write(rows, tensorboard=False)
+        return rows
+
+    def write(self, rows: Iterable[Mapping[str, float]], *, tensorboard: bool = True) -> None:
+        rows = list(rows)
+        if not rows:
+            return
+        exists = os.path.exists(self.path)
+        fields = list(rows[0])
+        with open(self.path, "a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            if not exists:
+                writer.writeheader()
+            writer.writerows(rows)
+        if tensorboard and self._tb is not None:
+            for row in rows:
+                tag = f"{row.get('condition', 'run')}/seed{int(row['seed'])}"
+                for key, value in row.items():
+                    if isinstance(value, int | float) and key not in ("update", "seed"):
+                        self._tb.add_scalar(f"{tag}/{key}", value, int(row["update"]))
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _number(text: str) -> float | str:
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return int(value) if value.is_integer() and "." not in text and "e" not in text else value
