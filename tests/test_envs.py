@@ -1,0 +1,392 @@
+"""ToolWorld: interface, dynamics per intent, rules, verdicts, oracle, grammar mask."""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlagent.envs import RULE_NAMES
+from rlagent.envs import StepType
+from rlagent.envs import ToolWorld
+from rlagent.envs import ToolWorldConfig
+from rlagent.envs import dsl
+from rlagent.envs import oracle_policy
+from rlagent.envs import random_policy
+from rlagent.envs import toolworld as tw
+from rlagent.envs import unroll
+
+BATCH = 64
+
+
+@functools.cache
+def _env(**kwargs) -> ToolWorld:
+    return ToolWorld(ToolWorldConfig(**kwargs))
+
+
+@functools.cache
+def _jitted(env: ToolWorld):
+    """reset / step / oracle / batched oracle unroll, compiled once per env."""
+    reset = jax.jit(env.reset)
+    step = jax.jit(env.step)
+    oracle = jax.jit(functools.partial(oracle_policy, env))
+    batch_oracle = jax.jit(
+        jax.vmap(lambda key: unroll(env, lambda s, k: oracle_policy(env, s), key))
+    )
+    batch_random = jax.jit(
+        jax.vmap(lambda key: unroll(env, lambda s, k: random_policy(env, s, k), key))
+    )
+    return reset, step, oracle, batch_oracle, batch_random
+
+
+def _play(env, reset_state, commands):
+    """Steps plain-Python commands `(command, arg1, arg2)`; returns the timesteps."""
+    _, step, _, _, _ = _jitted(env)
+    state, out = reset_state, []
+    for command in commands:
+        action = jnp.asarray(dsl.encode(*command, turn_len=env.turn_len), jnp.int32)
+        state, ts = step(state, action)
+        out.append((state, ts))
+    return out
+
+
+def _find_task(env, kind, predicate=lambda s: True, max_keys=400):
+    """Reset state whose first task has `kind` and satisfies `predicate(state)`."""
+    reset = _jitted(env)[0]
+    for seed in range(max_keys):
+        state, _ = reset(jax.random.PRNGKey(seed))
+        if int(state.task_kind[0]) == kind and predicate(state):
+            return state
+    raise AssertionError(f"no reset state with first task kind {kind}")
+
+
+# Interface --------------------------------------------------------------------------
+
+
+def test_interface_shapes_and_dtypes():
+    env = _env(level=2)
+    reset, step, oracle, _, _ = _jitted(env)
+    state, ts = reset(jax.random.PRNGKey(0))
+    assert dsl.VOCAB_SIZE <= 128 and dsl.PAD == 0
+    assert ts.step_type == StepType.FIRST and ts.step_type.dtype == jnp.int8
+    assert ts.observation.tokens.shape == (env.obs_len,)
+    assert ts.observation.tokens.dtype == jnp.int32
+    assert ts.observation.progress.shape == (env.num_markers,)
+    state, ts = step(state, oracle(state))
+    assert ts.reward.dtype == jnp.float32 and ts.discount.dtype == jnp.float32
+    expected = {
+        "outcome": (jnp.float32, ()),
+        "success": (jnp.bool_, ()),
+        "verdict": (jnp.float32, ()),
+        "efficiency": (jnp.float32, ()),
+        "violations": (jnp.int32, ()),
+        "violation_flags": (jnp.bool_, (len(RULE_NAMES),)),
+        "shortest_plan": (jnp.int32, ()),
+        "accuracy": (jnp.float32, ()),
+        "user_feedback": (jnp.float32, ()),
+    }
+    assert set(ts.extras) == set(expected)
+    for name, (dtype, shape) in expected.items():
+        assert ts.extras[name].dtype == dtype, name
+        assert ts.extras[name].shape == shape, name
+
+
+def test_config_validation_names_the_field():
+    with pytest.raises(ValueError, match="level"):
+        ToolWorldConfig(level=5)
+    with pytest.raises(ValueError, match="turn_len"):
+        ToolWorldConfig(turn_len=4)
+    with pytest.raises(ValueError, match="guardrail"):
+        ToolWorldConfig(guardrail="strict")
+    with pytest.raises(ValueError, match="kinds"):
+        ToolWorldConfig(kinds=("teleport",))
+    with pytest.raises(ValueError, match="num_intents"):
+        ToolWorldConfig(level=4, num_intents=9)
+    env = _env(level=1)
+    with pytest.raises(AssertionError):
+        env.step(env.reset(jax.random.PRNGKey(0))[0], jnp.zeros((env.turn_len + 1,), jnp.int32))
+
+
+def test_config_is_hashable_and_fills_level_defaults():
+    config = ToolWorldConfig(level=4)
+    assert hash(config) == hash(ToolWorldConfig(level=4))
+    assert (config.num_intents, config.num_distractors, config.num_tasks) == (3, 1, 4)
+    assert ToolWorldConfig(level=3).max_turns == 1 + 3 + 2
+
+
+def test_dsl_encode_parse_render_roundtrip():
+    for command in range(dsl.NUM_COMMANDS):
+        tokens = dsl.encode(command, 1, 2, turn_len=6)
+        assert tokens.index(dsl.END) == len(dsl.COMMAND_PATTERNS[command]) - 1
+        parsed = dsl.parse(tokens, 8, 8, 4)
+        nargs = dsl.num_args(command)
+        assert parsed == (command, 1 if nargs >= 1 else 0, 2 if nargs >= 2 else 0)
+    assert dsl.render(dsl.encode(dsl.REFUND, 3)) == "CALL refund ORDER_3 END"
+    assert dsl.parse([dsl.CALL, dsl.END, 0, 0, 0], 8, 8, 4)[0] == dsl.MALFORMED
+    # ORDER_9 is outside a config with 8 orders.
+    assert dsl.parse(dsl.encode(dsl.LOOKUP, 9), 8, 8, 4)[0] == dsl.MALFORMED
+    env = _env(level=1)
+    for command in range(dsl.NUM_COMMANDS):
+        tokens = jnp.asarray(dsl.encode(command, 1, 2, turn_len=env.turn_len))
+        np.testing.assert_array_equal(env.encode(command, jnp.int32(1), jnp.int32(2)), tokens)
+
+
+# Oracle and random policies ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", [1, 2, 3, 4])
+def test_oracle_solves_every_level_in_the_shortest_plan(level):
+    env = _env(level=level)
+    episodes = _jitted(env)[3](jax.random.split(jax.random.PRNGKey(level), BATCH))
+    ts = episodes.timesteps
+    last = np.asarray(ts.step_type) == StepType.LAST
+    first_last = last.argmax(axis=1)
+    shortest = np.asarray(episodes.first.extras["shortest_plan"])
+    np.testing.assert_array_equal(first_last + 1, shortest)
+    assert np.asarray(ts.extras["success"]).any(axis=1).all()
+    played = np.arange(env.max_turns)[None, :] < shortest[:, None]
+    verdict = np.asarray(ts.extras["verdict"])
+    assert (verdict[played] == 1).all()
+    assert (np.asarray(ts.extras["efficiency"])[played] == 0).all()
+    assert (np.asarray(ts.extras["violations"]) == 0).all()
+    expected = {1: {2}, 2: {3}, 3: {4}}.get(level)
+    if expected is not None:
+        assert set(shortest.tolist()) == expected
+    else:  # 3 intents of cost 1-3 plus one distractor, plus BYE
+        assert shortest.min() >= 5 and shortest.max() <= 11
+
+
+def test_random_policy_rarely_succeeds_from_level_2():
+    for level in (2, 3):
+        env = _env(level=level)
+        episodes = _jitted(env)[4](jax.random.split(jax.random.PRNGKey(7), BATCH))
+        success = np.asarray(episodes.timesteps.extras["success"]).any(axis=1)
+        assert success.mean() < 0.05, (level, success.mean())
+
+
+# Dynamics per intent ----------------------------------------------------------------
+
+
+def test_change_address_and_cancel():
+    env = _env(level=1)
+    state = _find_task(env, tw.ADDRESS_KIND)
+    order, new_address = int(state.task_order[0]), int(state.task_address[0])
+    [(after, ts)] = _play(env, state, [(dsl.CHANGE_ADDRESS, order, new_address)])
+    assert int(after.address[order]) == new_address
+    assert float(ts.extras["verdict"]) == 1 and int(after.progress[0]) == tw.DONE
+    assert dsl.render(ts.observation.tokens) == "USER thanks"
+    # The wrong address settles the task as failed.
+    wrong = (new_address + 1) % env.config.num_addresses
+    if wrong == int(state.address[order]):
+        wrong = (wrong + 1) % env.config.num_addresses
+    [(after, ts)] = _play(env, state, [(dsl.CHANGE_ADDRESS, order, wrong)])
+    assert int(after.progress[0]) == tw.FAILED and float(ts.extras["verdict"]) == -1
+    [_, (_, ts)] = _play(env, state, [(dsl.CHANGE_ADDRESS, order, wrong), (dsl.BYE_CMD,)])
+    assert float(ts.extras["outcome"]) == 0 and ts.discount == 0
+    state = _find_task(env, tw.CANCEL_KIND)
+    order = int(state.task_order[0])
+    [(after, ts), (_, ts_bye)] = _play(env, state, [(dsl.CANCEL, order), (dsl.BYE_CMD,)])
+    assert bool(after.cancelled[order]) and float(ts_bye.extras["outcome"]) == 1
+
+
+def test_status_question_needs_a_grounded_answer():
+    env = _env(level=2)
+    state = _find_task(env, tw.STATUS_KIND)
+    order = int(state.task_order[0])
+    status = int(state.status[order])
+    # Lookup, lookup again (redundant: 0), then the right answer.
+    steps = _play(
+        env,
+        state,
+        [(dsl.LOOKUP, order), (dsl.LOOKUP, order), (dsl.SAY_STATUS, order, status), (dsl.BYE_CMD,)],
+    )
+    assert [float(ts.extras["verdict"]) for _, ts in steps] == [1, 0, 1, 1]
+    assert [float(ts.extras["efficiency"]) for _, ts in steps] == [0, 0, 0, -1]
+    text = dsl.render(steps[0][1].observation.tokens)
+    assert text.startswith(f"TOOL order ORDER_{order} ITEM_")
+    assert dsl.render(dsl.STATUS_0 + status) in text
+    assert float(steps[-1][1].extras["outcome"]) == 1
+    # The right answer without a lookup is a guess: the task fails.
+    [(after, ts)] = _play(env, state, [(dsl.SAY_STATUS, order, status)])
+    assert int(after.progress[0]) == tw.FAILED and float(ts.extras["verdict"]) == -1
+    # A lookup of another order is a wrong argument.
+    [(_, ts)] = _play(env, state, [(dsl.LOOKUP, (order + 1) % 8)])
+    assert float(ts.extras["verdict"]) == -1
+
+
+def _refundable(state):
+    order = state.task_order[0]
+    return bool((state.status[order] == dsl.DELIVERED) & (state.amount[order] <= 2))
+
+
+def test_refund_rules_and_flags():
+    env = _env(level=2)
+    state = _find_task(env, tw.REFUND_KIND, _refundable)
+    order = int(state.task_order[0])
+    # Refund without a lookup breaks rule 0; the refund still runs (guardrail off).
+    [(after, ts)] = _play(env, state, [(dsl.REFUND, order)])
+    assert ts.extras["violation_flags"].tolist() == [True, False, False, False]
+    assert int(ts.extras["violations"]) == 1 and float(ts.extras["verdict"]) == -1
+    assert bool(after.refunded[order]) and bool(after.violated)
+    # Correct: lookup then refund then BYE.
+    steps = _play(env, state, [(dsl.LOOKUP, order), (dsl.REFUND, order), (dsl.BYE_CMD,)])
+    assert float(steps[-1][1].extras["outcome"]) == 1
+    assert int(steps[1][0].progress[0]) == tw.DONE
+
+    state = _find_task(env, tw.REFUND_KIND, lambda s: not _refundable(s))
+    order = int(state.task_order[0])
+    steps = _play(env, state, [(dsl.LOOKUP, order), (dsl.REFUND, order)])
+    flags = steps[1][1].extras["violation_flags"].tolist()
+    delivered = int(state.status[order]) == dsl.DELIVERED
+    assert flags == [False, not delivered, False, delivered]
+    steps = _play(env, state, [(dsl.LOOKUP, order), (dsl.SAY_CANNOT, order), (dsl.BYE_CMD,)])
+    assert [float(ts.extras["verdict"]) for _, ts in steps] == [1, 1, 1]
+    assert float(steps[-1][1].extras["outcome"]) == 1
+
+
+def test_penalise_mode_blocks_and_ends_the_episode():
+    env = _env(level=2, guardrail="penalise", penalty=2.0)
+    state = _find_task(env, tw.REFUND_KIND, _refundable)
+    order = int(state.task_order[0])
+    [(after, ts)] = _play(env, state, [(dsl.REFUND, order)])
+    assert ts.step_type == StepType.LAST and float(ts.discount) == 0
+    assert float(ts.reward) == -2.0 and float(ts.extras["outcome"]) == 0
+    assert not bool(after.refunded[order])  # blocked: the call did not run
+    assert dsl.render(ts.observation.tokens) == "TOOL blocked"
+
+
+def test_change_after_shipping_rule():
+    env = _env(level=4, num_intents=1, num_distractors=0, kinds=("status",))
+    state = _find_task(env, tw.STATUS_KIND)
+    shipped = np.flatnonzero(np.asarray(state.status) != dsl.PROCESSING)
+    [(after, ts)] = _play(env, state, [(dsl.CANCEL, int(shipped[0]))])
+    assert ts.extras["violation_flags"].tolist() == [False, False, True, False]
+    assert dsl.render(ts.observation.tokens) == f"TOOL error ORDER_{shipped[0]}"
+    assert int(after.progress[0]) == tw.PENDING  # a failed call settles nothing
+
+
+@pytest.mark.parametrize("in_stock", [True, False])
+def test_exchange_is_nested(in_stock):
+    env = _env(level=3)
+    state = _find_task(
+        env,
+        tw.EXCHANGE_KIND,
+        lambda s: bool(s.in_stock[s.item[s.task_order[0]]]) == in_stock,
+    )
+    order = int(state.task_order[0])
+    item = int(state.item[order])
+    final = (dsl.EXCHANGE, order, item) if in_stock else (dsl.SAY_NO_STOCK, item)
+    # Checking the stock before the lookup is an unfounded guess.
+    [(_, ts)] = _play(env, state, [(dsl.CHECK_STOCK, item)])
+    assert float(ts.extras["verdict"]) == -1
+    steps = _play(env, state, [(dsl.LOOKUP, order), (dsl.CHECK_STOCK, item), final, (dsl.BYE_CMD,)])
+    word = "in_stock" if in_stock else "out_of_stock"
+    assert dsl.render(steps[1][1].observation.tokens) == f"TOOL stock ITEM_{item} {word}"
+    assert [float(ts.extras["verdict"]) for _, ts in steps] == [1, 1, 1, 1]
+    assert float(steps[-1][1].extras["outcome"]) == 1
+    # Skipping the stock check makes the final step ungrounded: failed task.
+    steps = _play(env, state, [(dsl.LOOKUP, order), final])
+    assert int(steps[-1][0].progress[0]) == tw.FAILED
+
+
+def test_malformed_turn_and_early_bye():
+    env = _env(level=2)
+    reset, step, _, _, _ = _jitted(env)
+    state, _ = reset(jax.random.PRNGKey(3))
+    garbage = jnp.asarray([dsl.CALL, dsl.END, dsl.END, 0, 0, 0], jnp.int32)
+    state2, ts = step(state, garbage)
+    assert float(ts.extras["verdict"]) == -1 and ts.step_type == StepType.MID
+    assert dsl.render(ts.observation.tokens) == "TOOL error"
+    np.testing.assert_array_equal(state2.progress, state.progress)
+    _, ts = step(state, jnp.asarray(dsl.encode(dsl.BYE_CMD, turn_len=6), jnp.int32))
+    assert ts.step_type == StepType.LAST and float(ts.extras["outcome"]) == 0
+    assert float(ts.extras["verdict"]) == -1 and float(ts.discount) == 0
+
+
+# Episode ends -----------------------------------------------------------------------
+
+
+def test_truncation_and_absorbing_terminal():
+    env = _env(level=2)
+    reset, step, _, _, _ = _jitted(env)
+    state, _ = reset(jax.random.PRNGKey(1))
+    garbage = jnp.zeros((env.turn_len,), jnp.int32)
+    for _ in range(env.max_turns):
+        state, ts = step(state, garbage)
+    assert ts.step_type == StepType.LAST and float(ts.discount) == 1  # truncation
+    assert bool(state.truncated) and not bool(state.terminated)
+    obs = ts.observation.tokens
+    again, ts2 = step(state, jnp.asarray(dsl.encode(dsl.BYE_CMD, turn_len=6), jnp.int32))
+    assert ts2.step_type == StepType.LAST and float(ts2.reward) == 0
+    np.testing.assert_array_equal(ts2.observation.tokens, obs)
+    assert all(not np.asarray(v).any() for v in ts2.extras.values())
+    chex.assert_trees_all_equal(again, state)
+
+
+def test_determinism_per_key_and_compile_once():
+    env = ToolWorld(ToolWorldConfig(level=4))  # a fresh env: its own trace counters
+    reset = jax.jit(chex.assert_max_traces(env.reset, n=1))
+    step = jax.jit(chex.assert_max_traces(env.step, n=1))
+    a, _ = reset(jax.random.PRNGKey(5))
+    b, _ = reset(jax.random.PRNGKey(5))
+    c, _ = reset(jax.random.PRNGKey(6))
+    chex.assert_trees_all_equal(a, b)
+    assert not all(
+        np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(c), strict=True)
+    )
+    action = oracle_policy(env, a)
+    for _ in range(3):
+        a, _ = step(a, action)
+        b, _ = step(b, action)
+    chex.assert_trees_all_equal(a, b)
+
+
+# Grammar mask -----------------------------------------------------------------------
+
+
+def _allowed_fn(env, rules):
+    return jax.jit(lambda s, p, j: env.allowed_tokens(s, p, j, rules))
+
+
+def test_allowed_tokens_grammar():
+    env = _env(level=2)
+    reset = _jitted(env)[0]
+    allowed = _allowed_fn(env, False)
+    state, _ = reset(jax.random.PRNGKey(0))
+    empty = jnp.zeros((env.turn_len,), jnp.int32)
+    first = np.flatnonzero(allowed(state, empty, 0))
+    assert set(first.tolist()) == {dsl.CALL, dsl.SAY, dsl.BYE}
+    prefix = jnp.asarray(dsl.encode(dsl.CHANGE_ADDRESS, 3, 1, turn_len=env.turn_len))
+    pos2 = set(np.flatnonzero(allowed(state, prefix, 2)).tolist())
+    assert pos2 == {dsl.ORDER_0 + k for k in range(env.config.num_orders)}
+    pos3 = set(np.flatnonzero(allowed(state, prefix, 3)).tolist())
+    assert pos3 == {dsl.ADDR_0 + a for a in range(env.config.num_addresses)}
+    assert np.flatnonzero(allowed(state, prefix, 4)).tolist() == [dsl.END]
+    assert np.flatnonzero(allowed(state, prefix, 5)).tolist() == [dsl.PAD]
+    bye = jnp.asarray(dsl.encode(dsl.BYE_CMD, turn_len=env.turn_len))
+    assert np.flatnonzero(allowed(state, bye, 1)).tolist() == [dsl.END]
+    assert np.flatnonzero(allowed(state, bye, env.turn_len - 1)).tolist() == [dsl.PAD]
+    # Entries at and after `position` are ignored.
+    noisy = prefix.at[2:].set(dsl.CALL)
+    assert set(np.flatnonzero(allowed(state, noisy, 2)).tolist()) == pos2
+
+
+def test_rule_mask_excludes_violations():
+    env = _env(level=2, guardrail="mask")
+    state = _find_task(env, tw.REFUND_KIND, _refundable)
+    order = int(state.task_order[0])
+    allowed = _allowed_fn(env, True)
+    refund_prefix = jnp.asarray(dsl.encode(dsl.REFUND, 0, turn_len=env.turn_len))
+    # Nothing looked up yet: no order can be refunded, so `refund` is not offered.
+    tools = np.asarray(allowed(state, refund_prefix, 1))
+    assert not tools[dsl.token("refund")] and tools[dsl.token("lookup_order")]
+    [(after, _)] = _play(env, state, [(dsl.LOOKUP, order)])
+    assert np.asarray(allowed(after, refund_prefix, 1))[dsl.token("refund")]
+    orders = np.flatnonzero(allowed(after, refund_prefix, 2)).tolist()
+    assert orders == [dsl.ORDER_0 + order]
+    cancel_prefix = jnp.asarray(dsl.encode(dsl.CANCEL, 0, turn_len=env.turn_len))
+    cancellable = np.flatnonzero(allowed(after, cancel_prefix, 2)) - dsl.ORDER_0
+    expected = np.flatnonzero(np.asarray(after.status) == dsl.PROCESSING)
+    np.testing.assert_array_equal(cancellable, expected)
