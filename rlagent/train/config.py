@@ -46,7 +46,7 @@ class TrainConfig:
     reward: str = "process"  # one of REWARDS.
     reward_weights: tuple[float, float, float] = (0.5, 0.3, 0.2)  # outcome, process, efficiency
     prm_temperature: float = 0.1  # temperature of the min-form PRM credit.
-    violation_penalty: float = 1.0  # subtracted from the turn reward per guardrail violation.
+    violation_penalty: float = 0.0  # subtracted from the turn reward per guardrail violation.
     estimator: str = "gae_turn"  # one of ESTIMATORS.
     gamma: float = 1.0
     lam: float = 0.95

@@ -262,15 +262,14 @@ def estimate_advantages(
             rewards_per_turn,
             values[:, :, 0],
             turn_mask,
-            token_values=_rows(values),
-            turn_ids=_turn_ids(token_mask),
-            loss_mask=_rows(token_mask),
+            _turn_ids(token_mask),
             gamma=config.gamma,
             lam=config.lam,
+            token_values=_rows(values),
             bootstrap_value=trajectory.bootstrap_value,
         )
-        advantages = out[0].reshape(values.shape)
-        targets = to_tokens(out[1])
+        advantages = out.token_advantages.reshape(values.shape)
+        targets = to_tokens(out.turn_returns)
     elif config.estimator in ("grpo", "drgrpo", "rloo"):
         scores = jnp.sum(rewards_per_turn, axis=1)
         if config.estimator == "rloo":

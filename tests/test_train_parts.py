@@ -1,0 +1,225 @@
+"""Trainer pieces that need no model: config validation, rewards, estimators, reports."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlagent.train import report
+from rlagent.train.config import ESTIMATORS
+from rlagent.train.config import REWARDS
+from rlagent.train.config import TrainConfig
+from rlagent.train.ppo import anchor_ids
+from rlagent.train.ppo import episode_metrics
+from rlagent.train.ppo import estimate_advantages
+from rlagent.train.rewards import POTENTIAL_SCALE
+from rlagent.train.rewards import turn_rewards
+from rlagent.types import Trajectory
+
+B, S, O, L, K = 4, 3, 2, 3, 2  # two groups of two episodes.
+
+
+def _trajectory() -> Trajectory:
+    """Four hand-written episodes; rows 0/1 share a task, rows 2/3 share another."""
+    turn_mask = np.array([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]], bool)
+    action_mask = np.zeros((B, S, L), bool)
+    action_mask[..., :2] = True  # two generated tokens per turn ...
+    action_mask[0, 1, 2] = True  # ... three in one turn.
+    verdict = np.array([[1, 1, 1], [1, -1, 0], [-1, 0, 0], [1, 0, 1]], np.float32)
+    outcome = np.zeros((B, S), np.float32)
+    outcome[0, 2] = 1.0
+    outcome[3, 2] = 1.0
+    efficiency = np.array([[0, 0, -1], [0, 0, 0], [0, 0, 0], [0, 0, -1]], np.float32)
+    violations = np.zeros((B, S), np.int32)
+    violations[1, 1] = 1
+    obs = np.arange(B * S * O, dtype=np.int32).reshape(B, S, O) % 7
+    obs[1, 0] = obs[0, 0]  # rows 0 and 1 start from the same observation (GiGPO anchor).
+    rng = np.random.default_rng(0)
+    return Trajectory(
+        obs_tokens=jnp.asarray(obs),
+        progress=jnp.ones((B, S, K), jnp.int32),
+        action_tokens=jnp.asarray(rng.integers(1, 9, (B, S, L)), jnp.int32),
+        action_mask=jnp.asarray(action_mask),
+        logp=jnp.asarray(-rng.random((B, S, L)), jnp.float32),
+        values=jnp.asarray(rng.random((B, S, L)), jnp.float32),
+        turn_mask=jnp.asarray(turn_mask),
+        outcome=jnp.asarray(outcome),
+        verdict=jnp.asarray(verdict),
+        efficiency=jnp.asarray(efficiency),
+        violations=jnp.asarray(violations),
+        done=jnp.asarray(turn_mask & ~np.roll(turn_mask, -1, axis=1)),
+        bootstrap_value=jnp.zeros((B,), jnp.float32),
+    )
+
+
+def _config(**overrides) -> TrainConfig:
+    return TrainConfig(**{"num_groups": 2, "group_size": 2, "num_minibatches": 2, **overrides})
+
+
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("reward", "dense", "Unknown reward"),
+        ("estimator", "ppo", "Unknown estimator"),
+        ("agg", "mean", "Unknown agg"),
+        ("kl_kind", "k4", "Unknown kl_kind"),
+        ("kl_placement", "logits", "Unknown kl_placement"),
+        ("num_minibatches", 3, "equal minibatches"),
+        ("num_updates", 0, "num_updates must be >= 1"),
+        ("gamma", 1.5, "gamma and lam"),
+    ],
+)
+def test_bad_config_values_are_rejected(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        _config(**{field: value})
+
+
+def test_config_from_mapping_rejects_unknown_fields():
+    assert TrainConfig.from_mapping({"reward": "outcome"}).reward == "outcome"
+    with pytest.raises(ValueError, match="Unknown TrainConfig fields"):
+        TrainConfig.from_mapping({"rewrd": "outcome"})
+    with pytest.raises(ValueError, match="group_size >= 2"):
+        TrainConfig(estimator="grpo", group_size=1, num_minibatches=1)
+
+
+def test_turn_rewards_match_hand_computed_forms():
+    traj = _trajectory()
+    valid = np.asarray(traj.turn_mask, np.float32)
+    verdict = np.asarray(traj.verdict) * valid
+    outcome = np.asarray(traj.outcome)
+    penalty = np.asarray(traj.violations, np.float32)
+
+    np.testing.assert_allclose(turn_rewards(traj, _config(reward="outcome")), outcome)
+    np.testing.assert_allclose(turn_rewards(traj, _config(reward="process")), verdict)
+    np.testing.assert_allclose(
+        turn_rewards(traj, _config(reward="process", violation_penalty=0.5)),
+        verdict - 0.5 * penalty,
+    )
+    composed = np.asarray(turn_rewards(traj, _config(reward="composed")))
+    expected = 0.3 * verdict + 0.2 * np.asarray(traj.efficiency) * valid + 0.5 * outcome
+    np.testing.assert_allclose(composed, expected, atol=1e-6)
+    np.testing.assert_allclose(
+        turn_rewards(traj, _config(reward="prm_sum")), outcome + verdict, atol=1e-6
+    )
+    # Potential shaping telescopes: with gamma = 1 an episode's return is its outcome.
+    shaped = np.asarray(turn_rewards(traj, _config(reward="potential")))
+    np.testing.assert_allclose(shaped.sum(axis=1), outcome.sum(axis=1), atol=1e-6)
+    # ... and a valid step is paid POTENTIAL_SCALE when the next turn is played.
+    assert shaped[0, 0] == pytest.approx(POTENTIAL_SCALE)
+    # Min-form credit: each row's return lies between its min step score and outcome + max.
+    prm_min = np.asarray(turn_rewards(traj, _config(reward="prm_min")))
+    assert np.all(prm_min[~np.asarray(traj.turn_mask)] == 0)
+    for name in REWARDS:
+        rewards = turn_rewards(traj, _config(reward=name))
+        assert rewards.dtype == jnp.float32 and rewards.shape == (B, S)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_every_estimator_gives_finite_masked_advantages(estimator):
+    traj = _trajectory()
+    config = _config(estimator=estimator, reward="process")
+    rewards = turn_rewards(traj, config)
+    advantages, targets = jax.jit(estimate_advantages, static_argnums=3)(
+        traj, rewards, jnp.zeros_like(traj.logp), config
+    )
+    token_mask = np.asarray(traj.action_mask & traj.turn_mask[..., None])
+    assert advantages.shape == targets.shape == (B, S, L)
+    assert np.all(np.isfinite(advantages))
+    assert np.all(np.asarray(advantages)[~token_mask] == 0)
+    assert np.any(np.asarray(advantages)[token_mask] != 0)
+
+
+def test_group_estimators_match_hand_computed_episode_advantages():
+    traj = _trajectory()
+    token_mask = np.asarray(traj.action_mask & traj.turn_mask[..., None])
+    config = _config(estimator="drgrpo", reward="process")
+    rewards = turn_rewards(traj, config)
+    scores = np.asarray(rewards).sum(axis=1)  # [3, 0, -1, 2]
+    expected = np.array(
+        [scores[0] - scores[:2].mean(), scores[1] - scores[:2].mean(),
+         scores[2] - scores[2:].mean(), scores[3] - scores[2:].mean()]
+    )  # fmt: skip
+    advantages, _ = estimate_advantages(traj, rewards, jnp.zeros_like(traj.logp), config)
+    for row in range(B):
+        np.testing.assert_allclose(np.asarray(advantages)[row][token_mask[row]], expected[row])
+    # RLOO with groups of two: s_i - s_j.
+    config = _config(estimator="rloo", reward="process")
+    advantages, _ = estimate_advantages(traj, rewards, jnp.zeros_like(traj.logp), config)
+    rloo = np.array([scores[0] - scores[1], scores[1] - scores[0],
+                     scores[2] - scores[3], scores[3] - scores[2]])  # fmt: skip
+    for row in range(B):
+        np.testing.assert_allclose(np.asarray(advantages)[row][token_mask[row]], rloo[row])
+
+
+def test_turn_gae_broadcasts_one_advantage_per_turn():
+    traj = _trajectory()
+    config = _config(estimator="gae_turn", reward="outcome", normalize_advantages=False, lam=1.0)
+    rewards = turn_rewards(traj, config)
+    advantages, targets = estimate_advantages(traj, rewards, jnp.zeros_like(traj.logp), config)
+    values = np.asarray(traj.values)[:, :, 0]
+    # lam = gamma = 1: advantage = (return from turn s) - V_s, the same on every token.
+    returns = np.cumsum(np.asarray(rewards)[:, ::-1], axis=1)[:, ::-1]
+    mask = np.asarray(traj.action_mask & traj.turn_mask[..., None])
+    for b in range(B):
+        for s in range(S):
+            if traj.turn_mask[b, s]:
+                np.testing.assert_allclose(
+                    np.asarray(advantages)[b, s][mask[b, s]], returns[b, s] - values[b, s],
+                    rtol=1e-5, atol=1e-6,
+                )  # fmt: skip
+                np.testing.assert_allclose(
+                    np.asarray(targets)[b, s][mask[b, s]], returns[b, s], rtol=1e-5
+                )
+
+
+def test_anchor_ids_identify_identical_observations():
+    traj = _trajectory()
+    ids = np.asarray(anchor_ids(traj))
+    assert ids.shape == (B, S) and ids.dtype == np.int32
+    assert ids[0, 0] == ids[1, 0]
+    assert len({int(ids[0, 0]), int(ids[0, 1]), int(ids[2, 0]), int(ids[3, 0])}) == 4
+
+
+def test_episode_metrics_by_hand():
+    metrics = jax.tree.map(float, episode_metrics(_trajectory()))
+    assert metrics["success"] == pytest.approx(0.5)
+    assert metrics["turns"] == pytest.approx((3 + 2 + 1 + 3) / 4)
+    assert metrics["violation_rate"] == pytest.approx(0.25)
+    assert metrics["turns_over_plan"] == pytest.approx(0.5)
+    assert metrics["tokens"] == pytest.approx((7 + 4 + 2 + 6) / 4)
+    assert metrics["process_score"] == pytest.approx((3 + 0 - 1 + 2) / 9)
+
+
+def _rows():
+    rows = []
+    for condition, rate in (("dense", 0.2), ("sparse", 0.05)):
+        for seed in (0, 1, 2):
+            for update in range(1, 11):
+                success = min(1.0, rate * update + 0.01 * seed)
+                rows.append({
+                    "condition": condition, "seed": seed, "update": update, "success": success,
+                    "env_turns_total": 100.0 * update, "violation_rate": 0.0, "turns": 2.0,
+                    "turns_over_plan": 0.1 * seed, "process_score": 0.5,
+                })  # fmt: skip
+    return rows
+
+
+def test_summary_numbers_and_files(tmp_path):
+    summary = report.summarize(_rows())
+    dense, sparse = summary["dense"], summary["sparse"]
+    # dense reaches 0.5 at update 3 (seed 0, 1: 0.6, 0.61; seed 2 at 0.62) -> 300 turns.
+    assert dense["turns_to_50"] == {"mean": 300.0, "reached": "3/3"}
+    assert dense["turns_to_80"]["mean"] == pytest.approx(400.0)
+    assert dense["final_success"]["mean"] == pytest.approx(1.0)
+    assert sparse["turns_to_80"] == {"mean": None, "reached": "0/3"}
+    # seeds 0, 1, 2 end at 0.50, 0.51, 0.52: mean 0.51, std 0.01, t(2) = 4.303.
+    assert sparse["final_success"]["mean"] == pytest.approx(0.51)
+    assert sparse["final_success"]["ci95"] == pytest.approx(4.303 * 0.01 / np.sqrt(3))
+    table = report.markdown_table(summary)
+    assert "| sparse | 3 | 0.510 ± 0.025 | 1,000 (3/3 seeds) | never (0/3 seeds)" in table
+    report.write_summary(summary, tmp_path / "s.md", tmp_path / "s.json")
+    assert json.loads((tmp_path / "s.json").read_text())["dense"]["num_seeds"] == 3
+    report.plot_curves(_rows(), str(tmp_path / "curves.png"))
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
