@@ -13,12 +13,11 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from rlagent.returns import _bridged_recurrence
 from rlagent.returns import _check_float
 from rlagent.returns import _check_like
 from rlagent.returns import _check_mask
 from rlagent.returns import _check_rows
-from rlagent.returns import _next_unmasked
+from rlagent.returns import _lambda_recurrence
 from rlagent.returns import discounted_returns
 
 SCALES = ("std", "none")
@@ -84,13 +83,12 @@ def gae(
     """
     rewards, mask, bootstrap_value = _check_rows("rewards", rewards, mask, bootstrap_value)
     values = _check_like("values", values, rewards)
-    next_values = _next_unmasked(values, mask, bootstrap_value)
-    # The TD error of p_k is spread over its segment: the reward of every position plus,
-    # on p_k itself, gamma * V_{k+1} - V_k; the bridged recurrence sums the segment.
-    inputs = rewards + jnp.where(mask, gamma * next_values - values, 0.0)
-    zeros = jnp.zeros_like(bootstrap_value)
-    advantages = jnp.where(mask, _bridged_recurrence(inputs, mask, gamma * lam, zeros), 0.0)
-    return GAEOutput(advantages, jnp.where(mask, advantages + values, 0.0))
+    # A_k = G^lambda_k - V_k: one reverse recursion for the lambda-return instead of a
+    # recursion over TD errors that would need the next unmasked value first.
+    returns = jnp.where(
+        mask, _lambda_recurrence(rewards, values, mask, bootstrap_value, gamma, lam), 0.0
+    )
+    return GAEOutput(jnp.where(mask, returns - values, 0.0), returns)
 
 
 def turns_to_tokens(turn_x: jax.Array, turn_ids: jax.Array, fill: float = 0.0) -> jax.Array:
