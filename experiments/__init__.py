@@ -1,0 +1,1 @@
+"""Thin launchers and benchmarks; the logic lives in rlagent."""
