@@ -1,0 +1,321 @@
+"""Llama-style decoder-only language model in Flax NNX, with a functional KV cache.
+
+Architecture (Touvron et al., 2023, "LLaMA"): token embedding, `num_layers` pre-norm blocks
+
+    h = x + Attn(RMSNorm(x)),        y = h + W_down(silu(W_gate RMSNorm(h)) * W_up RMSNorm(h))
+
+with rotary position embeddings (RoPE, Su et al. 2021, "rotate-half" layout as in HF
+`transformers`), grouped-query attention (`num_kv_heads` key/value heads shared by groups of
+`num_heads // num_kv_heads` query heads), a final RMSNorm and an untied (or tied) LM head.
+The parameter layout maps one-to-one onto `transformers.LlamaForCausalLM` (see
+`rlagent.models.hf`).
+
+The trunk takes *embeddings* rather than token ids, so that the state encoder can place
+learned vectors (summary slots, progress markers) in the context beside embedded tokens.
+Every position has a *slot* index: without a cache the slots are `0..T-1`; with a cache a
+chunk of `T` inputs is written at slots `[write_index, write_index + T)`. The slot is the
+RoPE position and defines causality (a query at slot `i` sees keys at slots `<= i`). Keys
+can be switched off individually (`key_valid`), which is how padding is kept out of the
+context in both rollout and teacher-forced scoring.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+# Finite "minus infinity" for masked attention scores / logits: keeps every softmax well
+# defined (a fully masked row becomes uniform instead of NaN) and keeps gradients finite.
+NEG_INF = -1e30
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyConfig:
+    """Sizes of the policy LM, its value head and its state encoder (hashable, static)."""
+
+    vocab_size: int = 128  # V: token vocabulary (ToolWorld's `dsl.VOCAB_SIZE`).
+    pad_id: int = 0  # PAD token: padding in observations/actions, never attended to.
+    d_model: int = 64  # D: residual width.
+    num_layers: int = 2  # decoder blocks.
+    num_heads: int = 4  # query heads.
+    num_kv_heads: int = 2  # key/value heads (grouped-query attention); divides num_heads.
+    head_dim: int | None = None  # per-head width; None -> d_model // num_heads.
+    mlp_dim: int = 128  # SwiGLU hidden width.
+    rope_theta: float = 10000.0  # RoPE base.
+    norm_eps: float = 1e-5  # RMSNorm epsilon.
+    tie_embeddings: bool = False  # LM head shares the token embedding matrix.
+    value_head: str = "shared"  # 'shared': head on the policy trunk; 'separate': own critic LM.
+    num_summary_slots: int = 4  # M: learned summary vectors of turns that left the window.
+    summary_dim: int = 64  # width of the recurrent summary state.
+    max_markers: int = 16  # largest number K of task-progress markers supported.
+    num_marker_states: int = 4  # marker values: 0 absent, 1 pending, 2 done, 3 failed.
+    param_dtype: str = "float32"  # storage dtype of the parameters.
+    dtype: str = "float32"  # compute dtype of matmuls (softmaxes and norms run in float32).
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+        if self.value_head not in ("shared", "separate"):
+            raise ValueError(f"value_head must be 'shared' or 'separate', got {self.value_head!r}")
+        if self.num_summary_slots < 0:
+            raise ValueError(f"num_summary_slots must be >= 0, got {self.num_summary_slots}")
+        if self.head_dim is None and self.d_model % self.num_heads:
+            raise ValueError(
+                f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
+                "set head_dim explicitly"
+            )
+
+    @property
+    def dim_per_head(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+
+class KVCache(NamedTuple):
+    """Keys and values of every layer for `T_max` slots of a batch of sequences."""
+
+    k: jax.Array  # [num_layers, B, T_max, H_kv, head_dim] rotated keys.
+    v: jax.Array  # [num_layers, B, T_max, H_kv, head_dim] values.
+    valid: jax.Array  # [B, T_max] bool: slot holds a real key (written and not padding).
+
+
+def init_cache(config: PolicyConfig, batch: int, length: int) -> KVCache:
+    """An empty cache of `length` slots: nothing valid, zeros everywhere."""
+    shape = (config.num_layers, batch, length, config.num_kv_heads, config.dim_per_head)
+    dtype = jnp.dtype(config.dtype)
+    return KVCache(
+        k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), valid=jnp.zeros((batch, length), bool)
+    )
+
+
+class RMSNorm(nnx.Module):
+    """y = x / sqrt(mean(x^2) + eps) * w, computed in float32 (as HF Llama)."""
+
+    def __init__(self, dim: int, eps: float, param_dtype: jnp.dtype):
+        self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.weight[...] * normed.astype(x.dtype)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary embedding, rotate-half layout.
+
+    x_rot = x * cos(p w) + rotate_half(x) * sin(p w), w_j = theta^(-2j / d), where
+    rotate_half([a, b]) = [-b, a] splits the last axis in halves.
+
+    Args:
+      x: [B, T, H, d] queries or keys.
+      positions: [B, T] int32 slot indices.
+    """
+    dim = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, d/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, d]
+    x32 = x.astype(jnp.float32)
+    first, second = jnp.split(x32, 2, axis=-1)
+    rotated = jnp.concatenate([-second, first], axis=-1)
+    return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Grouped-query self-attention with RoPE over a chunk and (optionally) a KV cache."""
+
+    def __init__(self, config: PolicyConfig, *, rngs: nnx.Rngs):
+        dim, hd = config.d_model, config.dim_per_head
+        kw = dict(
+            use_bias=False,
+            dtype=jnp.dtype(config.dtype),
+            param_dtype=jnp.dtype(config.param_dtype),
+            rngs=rngs,
+        )
+        self.q_proj = nnx.Linear(dim, config.num_heads * hd, **kw)
+        self.k_proj = nnx.Linear(dim, config.num_kv_heads * hd, **kw)
+        self.v_proj = nnx.Linear(dim, config.num_kv_heads * hd, **kw)
+        self.o_proj = nnx.Linear(config.num_heads * hd, dim, **kw)
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = hd
+        self.rope_theta = config.rope_theta
+
+    def __call__(
+        self,
+        x: jax.Array,
+        slots: jax.Array,
+        keys: tuple[jax.Array, jax.Array] | None,
+        key_slots: jax.Array,
+        key_valid: jax.Array,
+        write_index: jax.Array | int,
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        """Attends a chunk of queries to the chunk (no cache) or to the whole cache.
+
+        Args:
+          x: [B, T, D] normed inputs of the chunk.
+          slots: [B, T] slot of each input (RoPE position, causal order).
+          keys: this layer's cached (k, v), each [B, T_max, H_kv, d], or None.
+          key_slots: [T_k] slots of the keys attended to (T_k = T_max or T).
+          key_valid: [B, T_k] bool keys that may be attended to.
+          write_index: first cache slot of the chunk (ignored without cache).
+        Returns:
+          [B, T, D] output and the (k, v) attended to, with the chunk written in.
+        """
+        batch, length, _ = x.shape
+        q = self.q_proj(x).reshape(batch, length, self.num_heads, self.head_dim)
+        k = self.k_proj(x).reshape(batch, length, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(batch, length, self.num_kv_heads, self.head_dim)
+        q = rope(q, slots, self.rope_theta)
+        k = rope(k, slots, self.rope_theta)
+        if keys is not None:
+            cache_k, cache_v = keys
+            start = (0, write_index, 0, 0)
+            k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), start)
+            v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), start)
+        groups = self.num_heads // self.num_kv_heads
+        q = q.reshape(batch, length, self.num_kv_heads, groups, self.head_dim)
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+        scores = scores / jnp.sqrt(jnp.float32(self.head_dim))
+        allowed = (key_slots[None, None, :] <= slots[:, :, None]) & key_valid[:, None, :]
+        scores = jnp.where(allowed[:, None, None], scores, NEG_INF)
+        weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        out = jnp.einsum("bkgts,bskd->btkgd", weights, v)
+        out = out.reshape(batch, length, self.num_heads * self.head_dim)
+        return self.o_proj(out), (k, v)
+
+
+class MLP(nnx.Module):
+    """SwiGLU feed-forward: W_down(silu(W_gate x) * W_up x)."""
+
+    def __init__(self, config: PolicyConfig, *, rngs: nnx.Rngs):
+        kw = dict(
+            use_bias=False,
+            dtype=jnp.dtype(config.dtype),
+            param_dtype=jnp.dtype(config.param_dtype),
+            rngs=rngs,
+        )
+        self.gate_proj = nnx.Linear(config.d_model, config.mlp_dim, **kw)
+        self.up_proj = nnx.Linear(config.d_model, config.mlp_dim, **kw)
+        self.down_proj = nnx.Linear(config.mlp_dim, config.d_model, **kw)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm block: attention then SwiGLU, each with a residual connection."""
+
+    def __init__(self, config: PolicyConfig, *, rngs: nnx.Rngs):
+        pdt = jnp.dtype(config.param_dtype)
+        self.input_layernorm = RMSNorm(config.d_model, config.norm_eps, pdt)
+        self.self_attn = Attention(config, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(config.d_model, config.norm_eps, pdt)
+        self.mlp = MLP(config, rngs=rngs)
+
+    def __call__(self, x, slots, keys, key_slots, key_valid, write_index):
+        attn, keys = self.self_attn(
+            self.input_layernorm(x), slots, keys, key_slots, key_valid, write_index
+        )
+        h = x + attn
+        return h + self.mlp(self.post_attention_layernorm(h)), keys
+
+
+class Llama(nnx.Module):
+    """Token embedding + decoder blocks + final norm (+ LM head); see the module docstring."""
+
+    def __init__(self, config: PolicyConfig, *, lm_head: bool = True, rngs: nnx.Rngs):
+        pdt = jnp.dtype(config.param_dtype)
+        self.config = config
+        self.embed_tokens = nnx.Embed(
+            config.vocab_size,
+            config.d_model,
+            dtype=jnp.dtype(config.dtype),
+            param_dtype=pdt,
+            embedding_init=nnx.initializers.normal(0.02),
+            rngs=rngs,
+        )
+        self.layers = nnx.List([DecoderLayer(config, rngs=rngs) for _ in range(config.num_layers)])
+        self.norm = RMSNorm(config.d_model, config.norm_eps, pdt)
+        if lm_head and not config.tie_embeddings:
+            self.lm_head = nnx.Linear(
+                config.d_model,
+                config.vocab_size,
+                use_bias=False,
+                dtype=jnp.dtype(config.dtype),
+                param_dtype=pdt,
+                rngs=rngs,
+            )
+        else:
+            self.lm_head = None
+        self.has_lm_head = lm_head
+
+    def embed(self, tokens: jax.Array) -> jax.Array:
+        """[...] int32 token ids -> [..., D] embeddings."""
+        return self.embed_tokens(tokens)
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """[..., D] final hidden states -> [..., V] float32 next-token logits."""
+        if not self.has_lm_head:
+            raise ValueError("this Llama was built with lm_head=False (a critic trunk)")
+        if self.lm_head is None:
+            out = self.embed_tokens.attend(hidden)
+        else:
+            out = self.lm_head(hidden)
+        return out.astype(jnp.float32)
+
+    def __call__(
+        self,
+        x: jax.Array,
+        key_valid: jax.Array,
+        cache: KVCache | None = None,
+        write_index: jax.Array | int = 0,
+    ) -> tuple[jax.Array, KVCache | None]:
+        """Runs the trunk on a chunk of input embeddings.
+
+        Without cache, position t of the chunk has slot t and attends to the chunk's
+        slots <= t whose `key_valid` is True. With a cache of `T_max` slots the chunk is
+        written at slots `[write_index, write_index + T)` (with validity `key_valid`) and
+        each query attends to every valid cache slot at or before its own.
+
+        Args:
+          x: [B, T, D] input embeddings.
+          key_valid: [B, T] bool: the inputs that later (and equal) slots may attend to.
+          cache: optional KVCache of T_max >= write_index + T slots.
+          write_index: int32 scalar, first slot of the chunk (may be traced).
+        Returns:
+          hidden: [B, T, D] final-normed hidden states; the updated cache (or None).
+        """
+        chex.assert_rank(x, 3)
+        chex.assert_rank(key_valid, 2)
+        chex.assert_equal_shape_prefix([x, key_valid], 2)
+        batch, length, _ = x.shape
+        if x.shape[-1] != self.config.d_model:
+            raise ValueError(f"x has width {x.shape[-1]}, expected d_model={self.config.d_model}")
+        slots = jnp.broadcast_to(
+            write_index + jnp.arange(length, dtype=jnp.int32)[None], (batch, length)
+        )
+        if cache is None:
+            key_slots = jnp.arange(length, dtype=jnp.int32)
+            all_valid = key_valid
+        else:
+            if cache.k.shape[2] < length:
+                raise ValueError(f"cache has {cache.k.shape[2]} slots, chunk needs {length}")
+            key_slots = jnp.arange(cache.k.shape[2], dtype=jnp.int32)
+            all_valid = jax.lax.dynamic_update_slice(cache.valid, key_valid, (0, write_index))
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            layer_keys = None if cache is None else (cache.k[i], cache.v[i])
+            x, (k, v) = layer(x, slots, layer_keys, key_slots, all_valid, write_index)
+            new_k.append(k)
+            new_v.append(v)
+        hidden = self.norm(x)
+        if cache is None:
+            return hidden, None
+        return hidden, KVCache(k=jnp.stack(new_k), v=jnp.stack(new_v), valid=all_valid)

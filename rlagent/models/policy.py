@@ -1,0 +1,74 @@
+"""The agent's networks: a Llama policy with a state encoder and a value head.
+
+`Policy` holds an *actor* (`ContextLM` with LM head) and, when
+`config.value_head == 'separate'`, a *critic* of the same family (its own trunk, token
+embeddings and state encoder, no LM head). With `'shared'` the value head sits on the actor's
+final hidden states. Training code works on `graphdef, params = nnx.split(Policy(...))`;
+`nnx.merge(graphdef, params)` inside a jitted function gives back a module whose methods
+are pure functions of `params`.
+
+Values are read at the same positions as the logits: the value of action token i of a turn
+is predicted from the hidden state that also predicts token i (the state before emitting it).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rlagent.models.llama import Llama
+from rlagent.models.llama import PolicyConfig
+from rlagent.models.state_encoder import StateEncoder
+
+
+class ContextLM(nnx.Module):
+    """Llama trunk + state encoder (+ value head): reads the multi-turn context."""
+
+    def __init__(self, config: PolicyConfig, *, lm_head: bool, value_head: bool, rngs: nnx.Rngs):
+        self.config = config
+        self.lm = Llama(config, lm_head=lm_head, rngs=rngs)
+        self.encoder = StateEncoder(config, rngs=rngs)
+        if value_head:
+            self.value_head = nnx.Linear(
+                config.d_model,
+                1,
+                use_bias=True,
+                kernel_init=nnx.initializers.normal(0.02),
+                param_dtype=jnp.dtype(config.param_dtype),
+                rngs=rngs,
+            )
+        else:
+            self.value_head = None
+
+    def embed(self, tokens: jax.Array) -> jax.Array:
+        """[...] token ids -> [..., D]."""
+        return self.lm.embed(tokens)
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """[..., D] -> [..., V] float32."""
+        return self.lm.logits(hidden)
+
+    def values(self, hidden: jax.Array) -> jax.Array:
+        """[..., D] -> [...] float32 state values."""
+        if self.value_head is None:
+            raise ValueError("this ContextLM has no value head")
+        return self.value_head(hidden)[..., 0].astype(jnp.float32)
+
+
+class Policy(nnx.Module):
+    """Actor LM with a shared value head, or actor + separate critic (`config.value_head`)."""
+
+    def __init__(self, config: PolicyConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        shared = config.value_head == "shared"
+        self.actor = ContextLM(config, lm_head=True, value_head=shared, rngs=rngs)
+        if shared:
+            self.critic = None
+        else:
+            self.critic = ContextLM(config, lm_head=False, value_head=True, rngs=rngs)
+
+    @property
+    def value_model(self) -> ContextLM:
+        """The network whose value head gives V(s): the actor or the separate critic."""
+        return self.actor if self.critic is None else self.critic

@@ -1,0 +1,211 @@
+"""Token sampling: temperature, greedy, top-k, top-p, additive logits masks, cached decoding.
+
+Convention for log-probabilities. The policy distribution is
+
+    pi(a | context) = softmax(logits / tau + mask)_a,        tau = temperature (1 if greedy)
+
+with `mask` an additive mask (0 allowed, very negative forbidden). The behaviour log-prob
+stored by the sampler and the teacher-forced log-prob recomputed by `rollout.make_score` are
+both log pi: top-k and top-p only truncate *where* samples are drawn from, they are not part
+of pi (as in most RLHF code bases). With top_k = 0 and top_p = 1 (the defaults) the samples
+follow pi exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rlagent.models.llama import NEG_INF
+from rlagent.models.llama import Llama
+from rlagent.models.llama import init_cache
+
+
+def policy_log_probs(
+    logits: jax.Array, *, temperature: float, mask: jax.Array | None = None
+) -> jax.Array:
+    """log pi = log_softmax(logits / tau + mask) over the last axis.
+
+    Args:
+      logits: [..., V] float32.
+      temperature: tau > 0; 0 means greedy decoding, scored at tau = 1.
+      mask: optional additive mask broadcastable to `logits` (0 allowed, <= NEG_INF banned).
+    Returns:
+      [..., V] float32 log-probabilities.
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    tau = temperature if temperature > 0 else 1.0
+    scaled = logits.astype(jnp.float32) / tau
+    if mask is not None:
+        # Clamp so that an additive -inf and a finite NEG_INF give the same numbers.
+        scaled = scaled + jnp.maximum(mask.astype(jnp.float32), NEG_INF)
+    return jax.nn.log_softmax(scaled, axis=-1)
+
+
+def entropy_from_log_probs(log_probs: jax.Array) -> jax.Array:
+    """H = -sum_a p_a log p_a over the last axis ([..., V] -> [...])."""
+    return -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+
+
+def allowed_to_mask(allowed: jax.Array) -> jax.Array:
+    """[..., V] bool allowed tokens -> additive float32 mask (0 / NEG_INF)."""
+    return jnp.where(allowed, 0.0, NEG_INF).astype(jnp.float32)
+
+
+def sample_token(
+    key: jax.Array,
+    logits: jax.Array,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    mask: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Draws one token per row and returns it with its log pi.
+
+    temperature 0 is greedy (argmax of logits + mask); top_k > 0 keeps the k largest
+    logits; top_p < 1 keeps the smallest set of most likely tokens whose mass reaches
+    top_p (nucleus sampling, Holtzman et al. 2020). Truncations are applied after the
+    mask and temperature.
+
+    Args:
+      key: PRNG key.
+      logits: [..., V] float32.
+      mask: optional additive mask broadcastable to `logits`.
+    Returns:
+      tokens [...] int32 and log pi(token) [...] float32 (see the module docstring).
+    """
+    chex.assert_rank(logits, {1, 2, 3})
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0, got {top_k}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    log_pi = policy_log_probs(logits, temperature=temperature, mask=mask)
+    if temperature == 0:
+        tokens = jnp.argmax(log_pi, axis=-1)
+    else:
+        scores = log_pi
+        if top_k and top_k < logits.shape[-1]:
+            kth = jax.lax.top_k(scores, top_k)[0][..., -1:]
+            scores = jnp.where(scores < kth, NEG_INF, scores)
+        if top_p < 1.0:
+            ordered = jnp.sort(scores, axis=-1)[..., ::-1]
+            probs = jax.nn.softmax(ordered, axis=-1)
+            mass_before = jnp.cumsum(probs, axis=-1) - probs
+            # The most likely token is always kept (mass_before = 0 < top_p).
+            cutoff = jnp.min(jnp.where(mass_before < top_p, ordered, jnp.inf), axis=-1)
+            scores = jnp.where(scores < cutoff[..., None], NEG_INF, scores)
+        tokens = jax.random.categorical(key, scores, axis=-1)
+    tokens = tokens.astype(jnp.int32)
+    logp = jnp.take_along_axis(log_pi, tokens[..., None], axis=-1)[..., 0]
+    return tokens, logp
+
+
+class Generation(NamedTuple):
+    """Output of `generate`."""
+
+    tokens: jax.Array  # [B, N] int32 generated tokens (pad_id after END).
+    logp: jax.Array  # [B, N] float32 log pi of each generated token (0 after END).
+    mask: jax.Array  # [B, N] bool tokens actually generated (END included).
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "graphdef",
+        "max_new_tokens",
+        "temperature",
+        "top_k",
+        "top_p",
+        "end_id",
+        "pad_id",
+    ),
+)
+def generate(
+    graphdef: nnx.GraphDef,
+    params: nnx.State,
+    prompt: jax.Array,
+    key: jax.Array,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    logits_mask: jax.Array | None = None,
+    prompt_valid: jax.Array | None = None,
+    end_id: int | None = None,
+    pad_id: int = 0,
+) -> Generation:
+    """Samples continuations of token prompts with a KV cache (one compiled program).
+
+    The prompt is prefilled in one pass; then each step samples a token and feeds it
+    (`max_new_tokens - 1` cached single-token passes). Rows stop at `end_id`; later
+    positions hold `pad_id`.
+
+    Args:
+      graphdef, params: `nnx.split` of a `Llama`, a `ContextLM` or a `Policy` (its actor).
+      prompt: [B, P] int32 tokens.
+      key: PRNG key (split per step).
+      logits_mask: optional additive mask [V] or [B, V] applied at every step (e.g. a
+        guardrail / DSL mask: 0 allowed, -inf banned).
+      prompt_valid: optional [B, P] bool, False on prompt padding (never attended to).
+    Returns:
+      Generation(tokens [B, N], logp [B, N], mask [B, N]).
+    """
+    chex.assert_rank(prompt, 2)
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    lm = _as_llama(nnx.merge(graphdef, params))
+    batch, prompt_len = prompt.shape
+    if prompt_valid is None:
+        prompt_valid = jnp.ones(prompt.shape, bool)
+    chex.assert_equal_shape([prompt, prompt_valid])
+    if logits_mask is not None and logits_mask.shape[-1] != lm.config.vocab_size:
+        raise ValueError(
+            f"logits_mask has {logits_mask.shape[-1]} entries, vocab_size is {lm.config.vocab_size}"
+        )
+    cache = init_cache(lm.config, batch, prompt_len + max_new_tokens)
+    hidden, cache = lm(lm.embed(prompt), prompt_valid, cache, 0)
+    sample = functools.partial(
+        sample_token, temperature=temperature, top_k=top_k, top_p=top_p, mask=logits_mask
+    )
+
+    def emit(logits, done, step_key):
+        token, logp = sample(step_key, logits)
+        live = ~done
+        token = jnp.where(live, token, pad_id)
+        finished = done | (token == end_id) if end_id is not None else done
+        return token, jnp.where(live, logp, 0.0), live, finished
+
+    first = emit(lm.logits(hidden[:, -1]), jnp.zeros((batch,), bool), jax.random.fold_in(key, 0))
+
+    def step(carry, index):
+        token, _, live, done, cache = carry
+        hidden, cache = lm(lm.embed(token[:, None]), live[:, None], cache, prompt_len + index - 1)
+        out = emit(lm.logits(hidden[:, 0]), done, jax.random.fold_in(key, index))
+        return (*out, cache), out[:3]
+
+    _, (tokens, logp, live) = jax.lax.scan(
+        step, (*first, cache), jnp.arange(1, max_new_tokens, dtype=jnp.int32)
+    )
+    stack = lambda head, rest: jnp.concatenate([head[:, None], rest.T], axis=1)  # noqa: E731
+    return Generation(
+        tokens=stack(first[0], tokens), logp=stack(first[1], logp), mask=stack(first[2], live)
+    )
+
+
+def _as_llama(module: nnx.Module) -> Llama:
+    """The LM inside a Policy / ContextLM, or the module itself."""
+    if isinstance(module, Llama):
+        return module
+    if hasattr(module, "actor"):
+        module = module.actor
+    if hasattr(module, "lm") and isinstance(module.lm, Llama):
+        return module.lm
+    raise ValueError(f"expected a Llama, ContextLM or Policy, got {type(module).__name__}")

@@ -1,0 +1,170 @@
+"""Policy LM, KV cache, sampler and HF conversion (tiny configs)."""
+
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rlagent.models import Llama
+from rlagent.models import PolicyConfig
+from rlagent.models import generate
+from rlagent.models import init_cache
+from rlagent.models import policy_log_probs
+from rlagent.models import sample_token
+
+VOCAB = 24
+CONFIG = PolicyConfig(
+    vocab_size=VOCAB, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, mlp_dim=48
+)
+
+
+@pytest.fixture(scope="module")
+def model():
+    lm = Llama(CONFIG, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(lm)
+    return lm, graphdef, params
+
+
+@jax.jit
+def _uncached_logits(lm_params, tokens, valid):
+    lm = nnx.merge(*lm_params)
+    hidden, _ = lm(lm.embed(tokens), valid)
+    return lm.logits(hidden)
+
+
+def _teacher_forced(lm, tokens, valid=None):
+    valid = jnp.ones(tokens.shape, bool) if valid is None else valid
+    return _uncached_logits(nnx.split(lm), tokens, valid)
+
+
+@jax.jit
+def _cached_logits(lm_params, tokens, valid):
+    """Prefill 5 tokens, a 2-token chunk, then one token at a time (cache of 14 slots)."""
+    lm = nnx.merge(*lm_params)
+    cache = init_cache(CONFIG, tokens.shape[0], 14)
+    chunks = []
+    for start, stop in [(0, 5), (5, 7)] + [(i, i + 1) for i in range(7, tokens.shape[1])]:
+        x = lm.embed(tokens[:, start:stop])
+        hidden, cache = lm(x, valid[:, start:stop], cache, start)
+        chunks.append(lm.logits(hidden))
+    return jnp.concatenate(chunks, axis=1)
+
+
+def test_cached_and_uncached_logits_equal(model):
+    lm = model[0]
+    tokens = jax.random.randint(jax.random.key(1), (3, 11), 1, VOCAB)
+    valid = jnp.ones(tokens.shape, bool).at[0, 2].set(False).at[2, 7].set(False)
+    full = _teacher_forced(lm, tokens, valid)
+    cached = _cached_logits(nnx.split(lm), tokens, valid)
+    np.testing.assert_allclose(cached, full, atol=1e-5)
+    # A key marked invalid is ignored: changing that token changes no other position.
+    other = tokens.at[0, 2].set((tokens[0, 2] + 1) % VOCAB)
+    changed = _teacher_forced(lm, other, valid)
+    np.testing.assert_allclose(np.delete(changed[0], 2, 0), np.delete(full[0], 2, 0), atol=1e-6)
+
+
+def test_causality(model):
+    lm = model[0]
+    tokens = jax.random.randint(jax.random.key(2), (1, 8), 1, VOCAB)
+    base = _teacher_forced(lm, tokens)
+    changed = _teacher_forced(lm, tokens.at[0, 5].set((tokens[0, 5] + 3) % VOCAB))
+    np.testing.assert_array_equal(changed[0, :5], base[0, :5])
+    assert np.abs(changed[0, 5:] - base[0, 5:]).max() > 1e-4
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        PolicyConfig(num_heads=4, num_kv_heads=3)
+    with pytest.raises(ValueError, match="value_head"):
+        PolicyConfig(value_head="both")
+    lm = Llama(CONFIG, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="d_model"):
+        lm(jnp.zeros((1, 3, 16)), jnp.ones((1, 3), bool))
+
+
+def test_generate_obeys_mask_stops_at_end_and_scores(model):
+    lm, graphdef, params = model
+    prompt = jax.random.randint(jax.random.key(3), (4, 5), 1, VOCAB)
+    allowed = jnp.zeros((VOCAB,), bool).at[jnp.array([3, 7, 11])].set(True)
+    mask = jnp.where(allowed, 0.0, -jnp.inf)
+    out = generate(
+        graphdef,
+        params,
+        prompt,
+        jax.random.key(4),
+        max_new_tokens=12,
+        temperature=0.7,
+        logits_mask=mask,
+        end_id=3,
+    )
+    tokens, logp, live = map(np.asarray, out)
+    assert np.isin(tokens[live], [3, 7, 11]).all()
+    for row in range(4):
+        ends = np.flatnonzero(tokens[row] == 3)
+        stop = ends[0] + 1 if len(ends) else tokens.shape[1]
+        assert live[row, :stop].all() and not live[row, stop:].any()
+        assert (tokens[row, stop:] == 0).all() and (logp[row, stop:] == 0).all()
+    assert (tokens == 3).any(), "no row reached END: the stop logic went untested"
+    # Behaviour log-probs equal teacher-forced log pi (temperature-scaled, masked).
+    seq = jnp.concatenate([prompt, jnp.asarray(tokens)], axis=1)
+    logits = _teacher_forced(lm, seq, jnp.concatenate([jnp.ones_like(prompt, bool), live], 1))
+    log_pi = policy_log_probs(logits[:, 4:-1], temperature=0.7, mask=mask)
+    expected = np.take_along_axis(np.asarray(log_pi), tokens[..., None], -1)[..., 0]
+    np.testing.assert_allclose(np.where(live, logp, 0), np.where(live, expected, 0), atol=1e-5)
+
+
+def test_greedy_is_argmax(model):
+    lm, graphdef, params = model
+    prompt = jax.random.randint(jax.random.key(5), (2, 4), 1, VOCAB)
+    out = generate(graphdef, params, prompt, jax.random.key(0), max_new_tokens=6, temperature=0)
+    seq = jnp.concatenate([prompt, out.tokens], axis=1)
+    logits = _teacher_forced(lm, seq)
+    np.testing.assert_array_equal(out.tokens, jnp.argmax(logits[:, 3:-1], axis=-1))
+
+
+_sample_many = jax.jit(
+    jax.vmap(
+        lambda key, logits, k, p: sample_token(key, logits, top_k=k, top_p=p)[0],
+        in_axes=(0, None, None, None),
+    ),
+    static_argnums=(2, 3),
+)
+
+
+def test_sampling_frequencies_top_k_top_p():
+    logits = jnp.log(jnp.array([0.4, 0.25, 0.15, 0.12, 0.08]))
+    keys = jax.random.split(jax.random.key(0), 20000)
+    freq = np.bincount(np.asarray(_sample_many(keys, logits, 0, 1.0)), minlength=5) / 20000
+    np.testing.assert_allclose(freq, [0.4, 0.25, 0.15, 0.12, 0.08], atol=0.015)
+    top2 = np.bincount(np.asarray(_sample_many(keys, logits, 2, 1.0)), minlength=5) / 20000
+    np.testing.assert_allclose(top2, [0.4 / 0.65, 0.25 / 0.65, 0, 0, 0], atol=0.015)
+    # Nucleus 0.7: {0.4, 0.25} has mass 0.65 < 0.7, so the smallest set reaching it adds 0.15.
+    nucleus = np.bincount(np.asarray(_sample_many(keys, logits, 0, 0.7)), minlength=5) / 20000
+    np.testing.assert_allclose(nucleus, np.array([0.4, 0.25, 0.15, 0, 0]) / 0.8, atol=0.015)
+
+
+def test_sampler_argument_errors():
+    with pytest.raises(ValueError, match="top_p"):
+        sample_token(jax.random.key(0), jnp.zeros(4), top_p=0.0)
+    with pytest.raises(ValueError, match="temperature"):
+        policy_log_probs(jnp.zeros(4), temperature=-1.0)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
+def test_hf_llama_parity_and_round_trip(model):
+    import torch
+
+    from rlagent.models import hf
+
+    lm = model[0]
+    hf_model = hf.to_hf_model(lm)
+    tokens = np.random.RandomState(0).randint(0, VOCAB, (2, 9))
+    with torch.no_grad():
+        reference = hf_model(torch.from_numpy(tokens)).logits.numpy()
+    np.testing.assert_allclose(_teacher_forced(lm, jnp.asarray(tokens)), reference, atol=1e-5)
+    back = hf.from_hf_model(hf_model)
+    assert back.config.num_kv_heads == CONFIG.num_kv_heads
+    np.testing.assert_allclose(_teacher_forced(back, jnp.asarray(tokens)), reference, atol=1e-5)
