@@ -300,31 +300,33 @@ class ToolWorld:
         """
         cfg = self.config
         n, i, a, k = cfg.num_orders, cfg.num_items, cfg.num_addresses, cfg.num_tasks
-        keys = jax.random.split(key, 16)
-        item = jax.random.randint(keys[0], (n,), 0, i)
-        status = jax.random.randint(keys[1], (n,), 0, dsl.NUM_STATUSES)
-        address = jax.random.randint(keys[2], (n,), 0, a)
-        amount = jax.random.randint(keys[3], (n,), 0, dsl.NUM_AMOUNTS)
-        in_stock = jax.random.bernoulli(keys[4], 0.5, (i,))
+        # One uniform draw for the whole reset: a single threefry call compiles several
+        # times faster than a dozen `jax.random` samplers (reset is traced in every test).
+        draws = _Draws(jax.random.uniform(key, (5 * n + 3 * i + 9 * k + cfg.num_intents,)))
+        item = draws.integers(n, 0, i)
+        status = draws.integers(n, 0, dsl.NUM_STATUSES)
+        address = draws.integers(n, 0, a)
+        amount = draws.integers(n, 0, dsl.NUM_AMOUNTS)
+        in_stock = draws.bernoulli(i)
 
         pool = jnp.asarray(cfg.kind_ids, jnp.int32)
-        intent_kinds = pool[jax.random.randint(keys[5], (cfg.num_intents,), 0, len(pool))]
+        intent_kinds = pool[draws.integers(cfg.num_intents, 0, len(pool))]
         kinds = jnp.concatenate(
             [intent_kinds, jnp.full((cfg.num_distractors,), OFF_TOPIC_KIND, jnp.int32)]
         )
-        kinds = jax.random.permutation(keys[6], kinds)  # distractors anywhere in the queue
-        orders = jax.random.permutation(keys[7], n)[:k].astype(jnp.int32)
-        item_perm = jax.random.permutation(keys[8], i).astype(jnp.int32)
+        kinds = kinds[draws.permutation(k)]  # distractors anywhere in the queue
+        orders = draws.permutation(n)[:k]
+        item_perm = draws.permutation(i)
 
         # Make every task's order fit its kind (e.g. a cancel needs a processing order).
         t_status, t_amount, t_item = status[orders], amount[orders], item[orders]
-        refund_ok = jax.random.bernoulli(keys[9], 0.5, (k,))
-        not_delivered = jax.random.bernoulli(keys[10], 0.5, (k,))  # why a refund is denied
-        pending = jax.random.randint(keys[11], (k,), 0, 2)  # processing or shipped
-        small = jax.random.randint(keys[12], (k,), 0, cfg.refund_limit + 1)
-        large = jax.random.randint(keys[13], (k,), cfg.refund_limit + 1, dsl.NUM_AMOUNTS)
-        exchange_stock = jax.random.bernoulli(keys[14], 0.5, (k,))
-        offset = jax.random.randint(keys[15], (k,), 1, a)  # new address != old one
+        refund_ok = draws.bernoulli(k)
+        not_delivered = draws.bernoulli(k)  # why a refund is denied
+        pending = draws.integers(k, 0, 2)  # processing or shipped
+        small = draws.integers(k, 0, cfg.refund_limit + 1)
+        large = draws.integers(k, cfg.refund_limit + 1, dsl.NUM_AMOUNTS)
+        exchange_stock = draws.bernoulli(k)
+        offset = draws.integers(k, 1, a)  # new address != old one
 
         is_change = (kinds == ADDRESS_KIND) | (kinds == CANCEL_KIND)
         is_refund = kinds == REFUND_KIND
@@ -696,16 +698,15 @@ class ToolWorld:
         def malformed():
             return self._pad([dsl.TOOL, dsl.token("error")])
 
-        branches = [None] * (dsl.NUM_COMMANDS + 1)
-        branches[dsl.LOOKUP] = lookup
-        for c in dsl.WORLD_COMMANDS:
-            branches[c] = world_call
-        branches[dsl.CHECK_STOCK] = check_stock
-        for c in dsl.SAY_COMMANDS:
-            branches[c] = say
-        branches[dsl.BYE_CMD] = bye
-        branches[dsl.MALFORMED] = malformed
-        return jax.lax.switch(command, branches)
+        # One branch per kind of return, selected through a static command -> branch table.
+        branches = (lookup, world_call, check_stock, say, bye, malformed)
+        branch_of_command = np.zeros(dsl.NUM_COMMANDS + 1, np.int32)
+        branch_of_command[list(dsl.WORLD_COMMANDS)] = 1
+        branch_of_command[dsl.CHECK_STOCK] = 2
+        branch_of_command[list(dsl.SAY_COMMANDS)] = 3
+        branch_of_command[dsl.BYE_CMD] = 4
+        branch_of_command[dsl.MALFORMED] = 5
+        return jax.lax.switch(jnp.asarray(branch_of_command)[command], branches)
 
     def _user_message(self, kind, order, address) -> jax.Array:
         """`USER <intent word> ORDER_k [ADDR_a]` as `[O]` int32."""
@@ -731,3 +732,31 @@ class ToolWorld:
             "accuracy": zero,
             "user_feedback": zero,
         }
+
+
+class _Draws:
+    """Consumes a flat vector of U[0, 1) draws, slice by slice, into typed samples."""
+
+    def __init__(self, uniforms: jax.Array):
+        self._uniforms = uniforms
+        self._used = 0
+
+    def _take(self, size: int) -> jax.Array:
+        if self._used + size > self._uniforms.shape[0]:
+            raise ValueError("internal: reset drew more random numbers than it allocated")
+        out = self._uniforms[self._used : self._used + size]
+        self._used += size
+        return out
+
+    def integers(self, size: int, low: int, high: int) -> jax.Array:
+        """`[size]` int32 uniform on [low, high)."""
+        u = self._take(size)
+        return jnp.clip(low + jnp.floor(u * (high - low)), low, high - 1).astype(jnp.int32)
+
+    def bernoulli(self, size: int) -> jax.Array:
+        """`[size]` bool, each True with probability 1/2."""
+        return self._take(size) < 0.5
+
+    def permutation(self, size: int) -> jax.Array:
+        """`[size]` int32 uniformly random permutation of range(size)."""
+        return jnp.argsort(self._take(size)).astype(jnp.int32)

@@ -1,0 +1,443 @@
+"""Plain-Python reference implementation of ToolWorld (no JAX, no NumPy in `step`).
+
+Written from the rules in `rlagent.envs.toolworld`'s docstring with ordinary `if`
+statements, as an independent check of the vectorised JAX dynamics (differential tests
+replay the same action sequences on both) and as the speed baseline of
+`experiments/bench_env.py`. `load` copies a JAX state (so both start from the same
+world); `reset` samples a world from the same distribution with Python's `random`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import numpy as np
+
+from rlagent.envs import dsl
+from rlagent.envs import toolworld as tw
+from rlagent.envs.guardrail import NUM_RULES
+from rlagent.envs.toolworld import ToolWorldConfig
+
+_THANKS = [dsl.USER, dsl.token("thanks")]
+_GOODBYE = [dsl.USER, dsl.token("goodbye")]
+
+
+@dataclasses.dataclass
+class RefState:
+    item: list
+    status: list
+    address: list
+    amount: list
+    cancelled: list
+    refunded: list
+    exchanged: list
+    in_stock: list
+    looked_up: list
+    stock_checked: list
+    task_kind: list
+    task_order: list
+    task_address: list
+    progress: list
+    current: int
+    turn: int
+    violated: bool
+    correct_answers: int
+    shortest_plan: int
+    terminated: bool
+    truncated: bool
+    obs: list
+
+
+@dataclasses.dataclass
+class RefTimeStep:
+    step_type: int
+    reward: float
+    discount: float
+    obs: list
+    progress: list
+    extras: dict
+
+
+class ReferenceToolWorld:
+    """Same dynamics as `ToolWorld`, one episode at a time, in plain Python."""
+
+    def __init__(self, config: ToolWorldConfig):
+        self.config = config
+        cfg = config
+        sizes = {
+            "ORDER": cfg.num_orders,
+            "ITEM": cfg.num_items,
+            "ADDR": cfg.num_addresses,
+            "STATUS": dsl.NUM_STATUSES,
+        }
+        bases = {"ORDER": dsl.ORDER_0, "ITEM": dsl.ITEM_0, "ADDR": dsl.ADDR_0}
+        bases["STATUS"] = dsl.STATUS_0
+        # Per command: the token pattern as (literal or None, class base, class size).
+        self._patterns = []
+        for pattern in dsl.COMMAND_PATTERNS:
+            slots = []
+            for slot in pattern:
+                if isinstance(slot, str):
+                    slots.append((None, bases[slot], sizes[slot]))
+                else:
+                    slots.append((slot, 0, 0))
+            self._patterns.append(slots)
+
+    # Episode start ---------------------------------------------------------------------
+    def load(self, state) -> RefState:
+        """A reference state equal to one (unbatched) JAX `State`."""
+        leaves = {f: np.asarray(getattr(state, f)) for f in RefState.__dataclass_fields__}
+        values = {}
+        for name, value in leaves.items():
+            values[name] = value.tolist() if value.ndim else value.item()
+        return RefState(**values)
+
+    def reset(self, rng: random.Random) -> RefState:
+        """Samples a world and a task queue (same distribution as `ToolWorld.reset`)."""
+        cfg = self.config
+        n, i, a = cfg.num_orders, cfg.num_items, cfg.num_addresses
+        item = [rng.randrange(i) for _ in range(n)]
+        status = [rng.randrange(dsl.NUM_STATUSES) for _ in range(n)]
+        address = [rng.randrange(a) for _ in range(n)]
+        amount = [rng.randrange(dsl.NUM_AMOUNTS) for _ in range(n)]
+        in_stock = [rng.random() < 0.5 for _ in range(i)]
+        kinds = [rng.choice(cfg.kind_ids) for _ in range(cfg.num_intents)]
+        kinds += [tw.OFF_TOPIC_KIND] * cfg.num_distractors
+        rng.shuffle(kinds)
+        orders = rng.sample(range(n), cfg.num_tasks)
+        free_items = rng.sample(range(i), i)
+        task_address = []
+        for kind, order in zip(kinds, orders, strict=True):
+            if kind in (tw.ADDRESS_KIND, tw.CANCEL_KIND):
+                status[order] = dsl.PROCESSING
+            elif kind == tw.REFUND_KIND:
+                if rng.random() < 0.5:
+                    status[order] = dsl.DELIVERED
+                    amount[order] = rng.randrange(cfg.refund_limit + 1)
+                elif rng.random() < 0.5:
+                    status[order] = rng.choice((dsl.PROCESSING, dsl.SHIPPED))
+                else:
+                    status[order] = dsl.DELIVERED
+                    amount[order] = rng.randrange(cfg.refund_limit + 1, dsl.NUM_AMOUNTS)
+            elif kind == tw.EXCHANGE_KIND:
+                status[order] = dsl.DELIVERED
+                item[order] = free_items.pop()
+                in_stock[item[order]] = rng.random() < 0.5
+            task_address.append((address[order] + rng.randrange(1, a)) % a)
+        progress = [tw.PENDING] + [tw.ABSENT] * (cfg.num_tasks - 1)
+        return RefState(
+            item=item,
+            status=status,
+            address=address,
+            amount=amount,
+            cancelled=[False] * n,
+            refunded=[False] * n,
+            exchanged=[False] * n,
+            in_stock=in_stock,
+            looked_up=[False] * n,
+            stock_checked=[False] * i,
+            task_kind=kinds,
+            task_order=orders,
+            task_address=task_address,
+            progress=progress,
+            current=0,
+            turn=0,
+            violated=False,
+            correct_answers=0,
+            shortest_plan=1 + sum(tw.KIND_COST[k] for k in kinds),
+            terminated=False,
+            truncated=False,
+            obs=self._user_message(kinds[0], orders[0], task_address[0]),
+        )
+
+    # Dynamics --------------------------------------------------------------------------
+    def parse(self, action) -> tuple[int, int, int]:
+        """`(command, arg1, arg2)`, or `(MALFORMED, 0, 0)`."""
+        for command, slots in enumerate(self._patterns):
+            args = []
+            ok = True
+            for j, token in enumerate(action):
+                if j >= len(slots):
+                    ok = token == dsl.PAD
+                else:
+                    literal, base, size = slots[j]
+                    if literal is not None:
+                        ok = token == literal
+                    else:
+                        ok = base <= token < base + size
+                        args.append(token - base)
+                if not ok:
+                    break
+            if ok:
+                args += [0, 0]
+                return command, args[0], args[1]
+        return dsl.MALFORMED, 0, 0
+
+    def step(self, state: RefState, action) -> tuple[RefState, RefTimeStep]:
+        """Plays one turn in place; returns the (same, updated) state and its timestep."""
+        cfg = self.config
+        if state.terminated or state.truncated:
+            return state, RefTimeStep(
+                step_type=tw.StepType.LAST,
+                reward=0.0,
+                discount=0.0 if state.terminated else 1.0,
+                obs=list(state.obs),
+                progress=list(state.progress),
+                extras=_zero_extras(),
+            )
+        command, arg1, arg2 = self.parse([int(t) for t in action])
+        num_tasks = cfg.num_tasks
+        active = state.current < num_tasks
+        task = min(state.current, num_tasks - 1)
+        kind = state.task_kind[task]
+        task_order = state.task_order[task]
+        task_item = state.item[task_order]
+
+        # The correct final step of the open task, and whether its facts were observed.
+        if kind == tw.ADDRESS_KIND:
+            final, grounded = (dsl.CHANGE_ADDRESS, task_order, state.task_address[task]), True
+        elif kind == tw.CANCEL_KIND:
+            final, grounded = (dsl.CANCEL, task_order, 0), True
+        elif kind == tw.STATUS_KIND:
+            final = (dsl.SAY_STATUS, task_order, state.status[task_order])
+            grounded = state.looked_up[task_order]
+        elif kind == tw.REFUND_KIND:
+            refundable = (
+                state.status[task_order] == dsl.DELIVERED
+                and not state.refunded[task_order]
+                and state.amount[task_order] <= cfg.refund_limit
+            )
+            final = (dsl.REFUND if refundable else dsl.SAY_CANNOT, task_order, 0)
+            grounded = state.looked_up[task_order]
+        elif kind == tw.EXCHANGE_KIND:
+            if state.in_stock[task_item]:
+                final = (dsl.EXCHANGE, task_order, task_item)
+            else:
+                final = (dsl.SAY_NO_STOCK, task_item, 0)
+            grounded = state.looked_up[task_order] and state.stock_checked[task_item]
+        else:
+            final, grounded = (dsl.SAY_DECLINE, 0, 0), True
+
+        # Guardrail rules, on the state before the call.
+        flags = [False] * NUM_RULES
+        if command == dsl.REFUND:
+            flags[0] = not state.looked_up[arg1]
+            flags[1] = state.status[arg1] != dsl.DELIVERED or state.refunded[arg1]
+            flags[3] = state.amount[arg1] > cfg.refund_limit
+        if command in (dsl.CANCEL, dsl.CHANGE_ADDRESS):
+            flags[2] = state.status[arg1] != dsl.PROCESSING
+        violation = any(flags)
+        blocked = violation and cfg.guardrail == "penalise"
+
+        # The tool call.
+        call_ok = False
+        if command in (dsl.CANCEL, dsl.CHANGE_ADDRESS):
+            call_ok = state.status[arg1] == dsl.PROCESSING and not state.cancelled[arg1]
+        elif command == dsl.REFUND:
+            call_ok = state.status[arg1] == dsl.DELIVERED and not state.refunded[arg1]
+        elif command == dsl.EXCHANGE:
+            call_ok = (
+                state.status[arg1] == dsl.DELIVERED
+                and not state.exchanged[arg1]
+                and state.in_stock[arg2]
+                and state.item[arg1] == arg2
+            )
+        if command == dsl.LOOKUP:
+            tool_return = [
+                dsl.TOOL,
+                dsl.token("order"),
+                dsl.ORDER_0 + arg1,
+                dsl.ITEM_0 + state.item[arg1],
+                dsl.STATUS_0 + state.status[arg1],
+                dsl.ADDR_0 + state.address[arg1],
+                dsl.AMT_0 + state.amount[arg1],
+            ]
+        elif command in dsl.WORLD_COMMANDS:
+            word = "ok" if call_ok else "error"
+            tool_return = [dsl.TOOL, dsl.token(word), dsl.ORDER_0 + arg1]
+        elif command == dsl.CHECK_STOCK:
+            word = "in_stock" if state.in_stock[arg1] else "out_of_stock"
+            tool_return = [dsl.TOOL, dsl.token("stock"), dsl.ITEM_0 + arg1, dsl.token(word)]
+        elif command in dsl.SAY_COMMANDS:
+            tool_return = list(_THANKS)
+        elif command == dsl.BYE_CMD:
+            tool_return = list(_GOODBYE)
+        else:
+            tool_return = [dsl.TOOL, dsl.token("error")]
+
+        # Process verdict, before the state changes.
+        looked = state.looked_up[task_order]
+        checked = state.stock_checked[task_item]
+        nargs = dsl.num_args(command) if command != dsl.MALFORMED else 0
+        matches = command == final[0] and (nargs < 1 or arg1 == final[1])
+        matches = matches and (nargs < 2 or arg2 == final[2])
+        settles = active and not blocked and (command in dsl.SAY_COMMANDS or call_ok)
+        done = settles and matches and grounded
+        task_lookup = (
+            active and kind != tw.OFF_TOPIC_KIND and command == dsl.LOOKUP and arg1 == task_order
+        )
+        task_stock = (
+            active
+            and kind == tw.EXCHANGE_KIND
+            and looked
+            and command == dsl.CHECK_STOCK
+            and arg1 == task_item
+        )
+        if violation:
+            verdict = -1.0
+        elif (
+            (task_lookup and not looked)
+            or (task_stock and not checked)
+            or done
+            or (not active and command == dsl.BYE_CMD)
+        ):
+            verdict = 1.0
+        elif task_lookup or task_stock:
+            verdict = 0.0
+        else:
+            verdict = -1.0
+        if (
+            active
+            and not blocked
+            and kind == tw.STATUS_KIND
+            and command == dsl.SAY_STATUS
+            and arg1 == task_order
+            and arg2 == state.status[task_order]
+        ):
+            state.correct_answers += 1
+
+        # Effects.
+        if call_ok and not blocked:
+            if command == dsl.CANCEL:
+                state.cancelled[arg1] = True
+            elif command == dsl.CHANGE_ADDRESS:
+                state.address[arg1] = arg2
+            elif command == dsl.REFUND:
+                state.refunded[arg1] = True
+            elif command == dsl.EXCHANGE:
+                state.exchanged[arg1] = True
+        if command == dsl.LOOKUP:
+            state.looked_up[arg1] = True
+        if command == dsl.CHECK_STOCK:
+            state.stock_checked[arg1] = True
+        if settles:
+            state.progress[task] = tw.DONE if done else tw.FAILED
+            state.current += 1
+            if state.current < num_tasks:
+                state.progress[state.current] = tw.PENDING
+                nxt = state.current
+                obs = self._user_message(
+                    state.task_kind[nxt], state.task_order[nxt], state.task_address[nxt]
+                )
+            else:
+                obs = self._pad(_THANKS)
+        else:
+            obs = self._pad(tool_return)
+        if blocked:
+            obs = self._pad([dsl.TOOL, dsl.token("blocked")])
+
+        state.violated = state.violated or violation
+        efficiency = -1.0 if state.turn >= state.shortest_plan else 0.0
+        state.turn += 1
+        state.terminated = command == dsl.BYE_CMD or blocked
+        state.truncated = not state.terminated and state.turn >= cfg.max_turns
+        last = state.terminated or state.truncated
+        outcome = (
+            command == dsl.BYE_CMD
+            and all(p == tw.DONE for p in state.progress)
+            and not state.violated
+        )
+        state.obs = obs
+        extras = _zero_extras()
+        extras.update(
+            outcome=1.0 if (last and outcome) else 0.0,
+            success=bool(last and outcome),
+            verdict=verdict,
+            efficiency=efficiency,
+            violations=sum(flags),
+            violation_flags=flags,
+            shortest_plan=state.shortest_plan,
+        )
+        if cfg.scenario == "dialogue" and last:
+            questions = max(sum(k == tw.STATUS_KIND for k in state.task_kind), 1)
+            extras["accuracy"] = state.correct_answers / questions
+            pleased = state.correct_answers == questions and state.turn <= state.shortest_plan
+            extras["user_feedback"] = 1.0 if pleased else -1.0
+        if blocked:
+            reward = -cfg.penalty
+        else:
+            reward = 1.0 if outcome else 0.0
+        return state, RefTimeStep(
+            step_type=tw.StepType.LAST if last else tw.StepType.MID,
+            reward=reward,
+            discount=0.0 if state.terminated else 1.0,
+            obs=list(obs),
+            progress=list(state.progress),
+            extras=extras,
+        )
+
+    def oracle(self, state: RefState) -> list:
+        """Next turn of the shortest correct plan (same plan as `policies.oracle_policy`)."""
+        cfg = self.config
+        if state.current >= cfg.num_tasks:
+            return self.encode(dsl.BYE_CMD)
+        task = state.current
+        kind, order = state.task_kind[task], state.task_order[task]
+        item = state.item[order]
+        if kind == tw.ADDRESS_KIND:
+            command = (dsl.CHANGE_ADDRESS, order, state.task_address[task])
+        elif kind == tw.CANCEL_KIND:
+            command = (dsl.CANCEL, order, 0)
+        elif kind == tw.OFF_TOPIC_KIND:
+            command = (dsl.SAY_DECLINE, 0, 0)
+        elif not state.looked_up[order]:
+            command = (dsl.LOOKUP, order, 0)
+        elif kind == tw.STATUS_KIND:
+            command = (dsl.SAY_STATUS, order, state.status[order])
+        elif kind == tw.REFUND_KIND:
+            refundable = (
+                state.status[order] == dsl.DELIVERED
+                and not state.refunded[order]
+                and state.amount[order] <= cfg.refund_limit
+            )
+            command = (dsl.REFUND if refundable else dsl.SAY_CANNOT, order, 0)
+        elif not state.stock_checked[item]:
+            command = (dsl.CHECK_STOCK, item, 0)
+        elif state.in_stock[item]:
+            command = (dsl.EXCHANGE, order, item)
+        else:
+            command = (dsl.SAY_NO_STOCK, item, 0)
+        return self.encode(*command)
+
+    def encode(self, command: int, arg1: int = 0, arg2: int = 0) -> list:
+        """Tokens of one command padded to turn_len (pure Python)."""
+        tokens = []
+        for j, (literal, base, _) in enumerate(self._patterns[command]):
+            tokens.append(literal if literal is not None else base + (arg1 if j == 2 else arg2))
+        return tokens + [dsl.PAD] * (self.config.turn_len - len(tokens))
+
+    def _user_message(self, kind, order, address) -> list:
+        tokens = [dsl.USER, tw.KIND_USER_WORD[kind]]
+        if kind != tw.OFF_TOPIC_KIND:
+            tokens.append(dsl.ORDER_0 + order)
+        if kind == tw.ADDRESS_KIND:
+            tokens.append(dsl.ADDR_0 + address)
+        return self._pad(tokens)
+
+    def _pad(self, tokens) -> list:
+        return list(tokens) + [dsl.PAD] * (self.config.obs_len - len(tokens))
+
+
+def _zero_extras() -> dict:
+    return {
+        "outcome": 0.0,
+        "success": False,
+        "verdict": 0.0,
+        "efficiency": 0.0,
+        "violations": 0,
+        "violation_flags": [False] * NUM_RULES,
+        "shortest_plan": 0,
+        "accuracy": 0.0,
+        "user_feedback": 0.0,
+    }

@@ -1,0 +1,222 @@
+"""Differential tests: the JAX ToolWorld against the plain-Python reference.
+
+Episodes start from JAX reset states loaded into `ReferenceToolWorld`. The reference plays
+them with a mixed policy (oracle turns, oracle turns with a corrupted argument, random
+commands with random arguments, random tokens) for one turn more than max_turns, so that
+truncation and the absorbing state are covered; JAX replays the same actions with a
+vmapped `lax.scan` of `env.step`, and every timestep, and the JAX oracle's action at every
+visited state, must equal the reference's.
+"""
+
+import functools
+import random
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlagent.envs import ToolWorld
+from rlagent.envs import ToolWorldConfig
+from rlagent.envs import dsl
+from rlagent.envs import oracle_policy
+from rlagent.envs import random_policy
+from rlagent.envs import toolworld as tw
+from rlagent.envs.reference import ReferenceToolWorld
+from rlagent.envs.wrappers import AutoResetWrapper
+
+CASES = {
+    # name: (config, number of episodes); 2000 episodes in all.
+    "agent_off": (ToolWorldConfig(level=4), 1000),
+    "agent_penalise": (ToolWorldConfig(level=4, guardrail="penalise", penalty=0.5), 600),
+    "dialogue_sizes": (
+        ToolWorldConfig(
+            level=4, scenario="dialogue", obs_len=9, turn_len=7, num_orders=12, num_items=5
+        ),
+        400,
+    ),
+}
+EXTRAS = (
+    "outcome",
+    "success",
+    "verdict",
+    "efficiency",
+    "violations",
+    "violation_flags",
+    "shortest_plan",
+    "accuracy",
+    "user_feedback",
+)
+
+
+def _mixed_action(reference: ReferenceToolWorld, state, rng: random.Random) -> list:
+    """Oracle 50%, oracle with a random order 20%, random command 25%, random tokens 5%."""
+    cfg = reference.config
+    u = rng.random()
+    if u < 0.7:
+        action = reference.oracle(state)
+        is_order = dsl.ORDER_0 <= action[2] < dsl.ORDER_0 + cfg.num_orders
+        if u >= 0.5 and is_order:
+            action[2] = dsl.ORDER_0 + rng.randrange(cfg.num_orders)
+        return action
+    if u < 0.95:
+        command = rng.randrange(dsl.NUM_COMMANDS)
+        sizes = [size for literal, _, size in reference._patterns[command] if literal is None]
+        args = [rng.randrange(size) for size in sizes] + [0, 0]
+        return reference.encode(command, args[0], args[1])
+    return [rng.randrange(dsl.VOCAB_SIZE) for _ in range(cfg.turn_len)]
+
+
+@functools.cache
+def _jax_replay(config: ToolWorldConfig):
+    env = ToolWorld(config)
+
+    def replay(state, actions):
+        def turn(state, action):
+            oracle = oracle_policy(env, state)
+            state, timestep = env.step(state, action)
+            return state, (oracle, timestep)
+
+        return jax.lax.scan(turn, state, actions)[1]
+
+    return env, jax.jit(jax.vmap(env.reset)), jax.jit(jax.vmap(replay))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_jax_matches_reference(name):
+    config, batch = CASES[name]
+    env, reset, replay = _jax_replay(config)
+    reference = ReferenceToolWorld(config)
+    states, first = reset(jax.random.split(jax.random.PRNGKey(len(name)), batch))
+    host_states = jax.tree.map(np.asarray, states)
+    turns = env.max_turns + 1
+    rng = random.Random(name)
+    actions = np.zeros((batch, turns, env.turn_len), np.int32)
+    oracles = np.zeros_like(actions)
+    expected = {
+        "step_type": np.zeros((batch, turns), np.int8),
+        "reward": np.zeros((batch, turns), np.float32),
+        "discount": np.zeros((batch, turns), np.float32),
+        "tokens": np.zeros((batch, turns, env.obs_len), np.int32),
+        "progress": np.zeros((batch, turns, env.num_markers), np.int32),
+    }
+    expected.update({key: [] for key in EXTRAS})
+    for b in range(batch):
+        state = reference.load(jax.tree.map(lambda x, b=b: x[b], host_states))
+        assert state.obs == np.asarray(first.observation.tokens[b]).tolist()
+        for s in range(turns):
+            oracles[b, s] = reference.oracle(state)
+            actions[b, s] = _mixed_action(reference, state, rng)
+            state, ts = reference.step(state, actions[b, s].tolist())
+            expected["step_type"][b, s] = ts.step_type
+            expected["reward"][b, s] = ts.reward
+            expected["discount"][b, s] = ts.discount
+            expected["tokens"][b, s] = ts.obs
+            expected["progress"][b, s] = ts.progress
+            for key in EXTRAS:
+                expected[key].append(ts.extras[key])
+
+    jax_oracles, timesteps = jax.tree.map(np.asarray, replay(states, jnp.asarray(actions)))
+    got = {
+        "step_type": timesteps.step_type,
+        "reward": timesteps.reward,
+        "discount": timesteps.discount,
+        "tokens": timesteps.observation.tokens,
+        "progress": timesteps.observation.progress,
+    }
+    got.update({key: timesteps.extras[key] for key in EXTRAS})
+    for key, want in expected.items():
+        want = np.asarray(want).reshape(got[key].shape)
+        bad = np.argwhere(~np.isclose(got[key], want, rtol=1e-6).reshape(batch, turns, -1).all(-1))
+        if bad.size:
+            b, s = bad[0]
+            raise AssertionError(
+                f"{key} differs at episode {b} turn {s} after action "
+                f"{dsl.render(actions[b, s])!r}: jax {got[key][b, s]} vs reference {want[b, s]}"
+            )
+    np.testing.assert_array_equal(jax_oracles, oracles)
+    # The action mix must reach every command, verdict and (agent scenario) rule.
+    commands = {reference.parse(a)[0] for a in actions.reshape(-1, env.turn_len).tolist()}
+    assert commands == set(range(dsl.NUM_COMMANDS + 1))
+    verdicts = np.asarray(expected["verdict"])
+    assert set(np.unique(verdicts).tolist()) == {-1.0, 0.0, 1.0}
+    assert 0 < np.asarray(expected["success"]).mean()
+    if config.scenario == "agent":
+        assert np.asarray(expected["violation_flags"]).any(axis=0).all()
+    else:
+        assert set(np.unique(expected["user_feedback"]).tolist()) == {-1.0, 0.0, 1.0}
+
+
+def test_reference_reset_distribution_matches():
+    """Reference `reset` samples the same task distribution as the JAX `reset`."""
+    config = ToolWorldConfig(level=4)
+    env = ToolWorld(config)
+    reference = ReferenceToolWorld(config)
+    states, _ = jax.jit(jax.vmap(env.reset))(jax.random.split(jax.random.PRNGKey(0), 2000))
+    rng = random.Random(0)
+    ref_states = [reference.reset(rng) for _ in range(2000)]
+    jax_plan = np.asarray(states.shortest_plan)
+    ref_plan = np.array([s.shortest_plan for s in ref_states])
+    assert abs(jax_plan.mean() - ref_plan.mean()) < 0.2
+    jax_kinds = np.bincount(np.asarray(states.task_kind).ravel(), minlength=6) / 8000
+    ref_kinds = np.bincount([k for s in ref_states for k in s.task_kind], minlength=6) / 8000
+    np.testing.assert_allclose(jax_kinds, ref_kinds, atol=0.03)
+    # The oracle solves reference-sampled episodes in the shortest plan too.
+    for state in ref_states[:200]:
+        for _ in range(config.max_turns):
+            state, ts = reference.step(state, reference.oracle(state))
+            if ts.step_type == tw.StepType.LAST:
+                break
+        assert ts.extras["success"] and state.turn == state.shortest_plan
+
+
+def test_random_policy_with_rule_mask():
+    """Grammatical, never breaks a rule, and (almost) never solves a level-4 task."""
+    env = ToolWorld(ToolWorldConfig(level=4, guardrail="mask"))
+
+    def episode(key):
+        reset_key, policy_key = jax.random.split(key)
+        state, _ = env.reset(reset_key)
+
+        def turn(state, turn_key):
+            action = random_policy(env, state, turn_key, rules=True)
+            command, _, _ = env.parse(action)
+            state, ts = env.step(state, action)
+            return state, (command, ts.extras["violations"], ts.extras["success"])
+
+        _, out = jax.lax.scan(turn, state, jax.random.split(policy_key, env.max_turns))
+        return out
+
+    keys = jax.random.split(jax.random.PRNGKey(1), 256)
+    commands, violations, success = jax.jit(jax.vmap(episode))(keys)
+    assert np.asarray(success).any(axis=1).mean() < 0.05
+    assert int(violations.sum()) == 0
+    commands = np.asarray(commands)
+    assert (commands != dsl.MALFORMED).all()
+    # Rule-guarded commands are still sampled when they are safe.
+    assert np.isin([dsl.REFUND, dsl.CANCEL, dsl.CHANGE_ADDRESS], commands).all()
+
+
+def test_auto_reset_and_vmap():
+    env = ToolWorld(ToolWorldConfig(level=1))
+    auto = AutoResetWrapper(env)
+    keys = jax.random.split(jax.random.PRNGKey(2), 8)
+    state, _ = jax.jit(jax.vmap(auto.reset))(keys)
+    step = jax.jit(jax.vmap(auto.step))
+    oracle = jax.jit(jax.vmap(lambda s: oracle_policy(env, s)))
+    next_keys = jax.jit(jax.vmap(lambda key: jax.random.fold_in(key, 0x5EED)))
+    reset = jax.jit(jax.vmap(env.reset))
+    episodes = 0
+    for _ in range(6):  # three episodes of two turns each
+        before = state
+        state, ts = step(state, oracle(state))
+        last = np.asarray(ts.step_type) == tw.StepType.LAST
+        episodes += last.sum()
+        assert (np.asarray(ts.extras["success"]) == last).all()
+        # After LAST the state is a fresh episode and the observation its first message.
+        assert (np.asarray(state.turn)[last] == 0).all()
+        _, first = reset(next_keys(before.key))
+        np.testing.assert_array_equal(
+            np.asarray(ts.observation.tokens)[last], np.asarray(first.observation.tokens)[last]
+        )
+    assert episodes == 8 * 3
