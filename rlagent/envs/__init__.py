@@ -1,6 +1,8 @@
 """JAX-native multi-turn environments: ToolWorld, its token DSL, rules and helpers."""
 
 from rlagent.envs import dsl
+from rlagent.envs.curriculum import horizon_config
+from rlagent.envs.curriculum import level_config
 from rlagent.envs.guardrail import RULE_NAMES
 from rlagent.envs.policies import oracle_policy
 from rlagent.envs.policies import random_policy
