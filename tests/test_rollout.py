@@ -1,0 +1,162 @@
+"""Multi-turn rollout in ToolWorld and teacher-forced scoring (tiny policy, two configs)."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rlagent.envs import StepType
+from rlagent.envs import ToolWorld
+from rlagent.envs import ToolWorldConfig
+from rlagent.envs import dsl
+from rlagent.models import Policy
+from rlagent.models import PolicyConfig
+from rlagent.rollout import RolloutConfig
+from rlagent.rollout import make_rollout
+from rlagent.rollout import make_score
+from rlagent.types import token_view
+
+BATCH = 4
+ENV = ToolWorld(ToolWorldConfig(level=2, max_turns=5, guardrail="penalise"))
+
+# windowed + grammar/rule mask + shared value head; full context + free sampling + critic.
+CASES = {
+    "windowed_constrained_shared": (
+        RolloutConfig(window=2, constrained=True, rules=True, temperature=0.9),
+        "shared",
+    ),
+    "full_free_separate": (RolloutConfig(window=None, top_k=20), "separate"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def case(request):
+    config, value_head = CASES[request.param]
+    policy_config = PolicyConfig(
+        vocab_size=dsl.VOCAB_SIZE,
+        d_model=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        mlp_dim=32,
+        num_summary_slots=2,
+        summary_dim=16,
+        value_head=value_head,
+    )
+    graphdef, params = nnx.split(Policy(policy_config, rngs=nnx.Rngs(0)))
+    inner, traces = make_rollout(ENV, graphdef, config), []
+
+    def counted(*args):
+        traces.append(1)
+        return inner(*args)
+
+    rollout = jax.jit(counted)
+    score = jax.jit(make_score(ENV, graphdef, config))
+    env_keys = jax.random.split(jax.random.key(0), BATCH).at[1].set(jax.random.key(7))
+    env_keys = env_keys.at[2].set(jax.random.key(7))  # rows 1 and 2 share a task
+    policy_keys = jax.random.split(jax.random.key(1), BATCH)
+    traj = rollout(params, env_keys, policy_keys)
+    return dict(
+        config=config,
+        params=params,
+        rollout=rollout,
+        score=score,
+        traj=traj,
+        env_keys=env_keys,
+        policy_keys=policy_keys,
+        traces=traces,
+    )
+
+
+def test_score_matches_rollout(case):
+    traj = case["traj"]
+    logp, values, entropy = case["score"](case["params"], traj)
+    played = np.asarray(traj.action_mask & traj.turn_mask[..., None])
+    assert played.sum() > 0
+    np.testing.assert_allclose(np.where(played, logp, 0), traj.logp, atol=1e-5)
+    np.testing.assert_allclose(np.where(played, values, 0), traj.values, atol=1e-5)
+    assert (np.asarray(entropy)[played] >= -1e-6).all()
+    assert (np.asarray(traj.logp)[played] <= 0).all()  # 0 where the mask forces a token
+    assert (traj.token_mask is not None) == case["config"].constrained
+
+
+def test_masks_and_turn_ids_match_transcript(case):
+    """Replays the sampled actions in the env, step by step, and checks every field."""
+    traj = jax.tree.map(np.asarray, case["traj"])
+    step, reset = jax.jit(ENV.step), jax.jit(ENV.reset)
+    for b in range(BATCH):
+        state, ts = reset(case["env_keys"][b])
+        alive = True
+        for s in range(ENV.max_turns):
+            assert traj.turn_mask[b, s] == alive
+            action = traj.action_tokens[b, s]
+            ends = np.flatnonzero(action == dsl.END)
+            length = ends[0] + 1 if len(ends) else ENV.turn_len
+            expected_mask = np.arange(ENV.turn_len) < length if alive else np.zeros(ENV.turn_len)
+            np.testing.assert_array_equal(traj.action_mask[b, s], expected_mask)
+            assert (action[length:] == dsl.PAD).all() and (action[:length] != dsl.PAD).all()
+            if not alive:
+                break
+            np.testing.assert_array_equal(traj.obs_tokens[b, s], ts.observation.tokens)
+            np.testing.assert_array_equal(traj.progress[b, s], ts.observation.progress)
+            state, ts = step(state, jnp.asarray(action))
+            last = int(ts.step_type) == StepType.LAST
+            assert traj.done[b, s] == (last and float(ts.discount) == 0.0)
+            assert traj.verdict[b, s] == ts.extras["verdict"]
+            assert traj.outcome[b, s] == ts.extras["outcome"]
+            assert traj.violations[b, s] == ts.extras["violations"]
+            alive = not last
+    view = token_view(case["traj"])
+    turn_of_token = np.repeat(np.arange(ENV.max_turns), ENV.obs_len + ENV.turn_len)
+    loss_mask = np.asarray(view.loss_mask)
+    np.testing.assert_array_equal(
+        np.asarray(view.turn_ids), np.where(loss_mask, turn_of_token[None], -1)
+    )
+    assert loss_mask.sum() == (traj.action_mask & traj.turn_mask[..., None]).sum()
+
+
+def test_constrained_sampling_obeys_mask(case):
+    traj = jax.tree.map(np.asarray, case["traj"])
+    played = traj.action_mask & traj.turn_mask[..., None]
+    if not case["config"].constrained:
+        assert (traj.action_tokens[played] != dsl.PAD).all()  # PAD is never generated
+        return
+    chosen = np.take_along_axis(traj.token_mask, traj.action_tokens[..., None], -1)[..., 0]
+    assert chosen[played].all()
+    commands = jax.vmap(jax.vmap(lambda a: ENV.parse(a)[0]))(jnp.asarray(traj.action_tokens))
+    assert (np.asarray(commands)[traj.turn_mask] != dsl.MALFORMED).all()
+    assert traj.violations.sum() == 0  # rules=True: the mask keeps the guardrail
+
+
+def test_deterministic_per_key_and_compiled_once(case):
+    rollout, params = case["rollout"], case["params"]
+    again = rollout(params, case["env_keys"], case["policy_keys"])
+    chex.assert_trees_all_equal(again, case["traj"])
+    other_keys = jax.random.split(jax.random.key(2), BATCH)
+    other = rollout(jax.tree.map(lambda p: p * 1.01, params), case["env_keys"], other_keys)
+    assert not np.array_equal(other.action_tokens, case["traj"].action_tokens)
+    # Rows 1 and 2 share an env key: same task, same first message.
+    np.testing.assert_array_equal(other.obs_tokens[1, 0], other.obs_tokens[2, 0])
+    assert len(case["traces"]) == 1  # new keys and parameters reuse the compiled program
+
+
+def test_bootstrap_only_when_truncated(case):
+    traj = case["traj"]
+    truncated = np.asarray(traj.turn_mask[:, -1] & ~traj.done[:, -1])
+    assert (np.asarray(traj.bootstrap_value)[~truncated] == 0).all()
+    if truncated.any():
+        assert (np.asarray(traj.bootstrap_value)[truncated] != 0).all()
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="constrained"):
+        RolloutConfig(rules=True)
+    with pytest.raises(ValueError, match="window"):
+        RolloutConfig(window=-1)
+    wrong = PolicyConfig(vocab_size=dsl.VOCAB_SIZE + 1, d_model=16, num_heads=2, num_kv_heads=1)
+    graphdef, params = nnx.split(Policy(wrong, rngs=nnx.Rngs(0)))
+    keys = jax.random.split(jax.random.key(0), 2)
+    with pytest.raises(ValueError, match="vocab_size"):
+        jax.eval_shape(make_rollout(ENV, graphdef), params, keys, keys)
