@@ -48,6 +48,9 @@ class TrainConfig:
     prm_temperature: float = 0.1  # temperature of the min-form PRM credit.
     violation_penalty: float = 0.0  # subtracted from the turn reward per guardrail violation.
     estimator: str = "gae_turn"  # one of ESTIMATORS.
+    # ToolWorld's turn limit is part of the task (running out of turns fails it), so by
+    # default a truncated episode is not bootstrapped from V (Pardo et al., 2018).
+    bootstrap_truncated: bool = False
     gamma: float = 1.0
     lam: float = 0.95
     gigpo_omega: float = 1.0

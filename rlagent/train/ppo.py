@@ -107,6 +107,10 @@ def make_train(
         policy_keys = jax.random.split(policy_key, batch_size)
         trajectory = rollout(state.params, shard(env_keys), shard(policy_keys))
         trajectory = shard(jax.lax.stop_gradient(trajectory))
+        if not config.bootstrap_truncated:
+            trajectory = trajectory._replace(
+                bootstrap_value=jnp.zeros_like(trajectory.bootstrap_value)
+            )
         token_mask = trajectory.action_mask & trajectory.turn_mask[..., None]
         if needs_ref:
             ref_logp = jax.lax.stop_gradient(score(state.ref_params, trajectory)[0])
