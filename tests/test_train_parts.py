@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlagent.returns import compose_rewards
 from rlagent.train import report
 from rlagent.train.config import ESTIMATORS
 from rlagent.train.config import REWARDS
@@ -15,6 +16,7 @@ from rlagent.train.ppo import anchor_ids
 from rlagent.train.ppo import episode_metrics
 from rlagent.train.ppo import estimate_advantages
 from rlagent.train.rewards import POTENTIAL_SCALE
+from rlagent.train.rewards import reward_weights
 from rlagent.train.rewards import turn_rewards
 from rlagent.types import Trajectory
 
@@ -114,6 +116,24 @@ def test_turn_rewards_match_hand_computed_forms():
     for name in REWARDS:
         rewards = turn_rewards(traj, _config(reward=name))
         assert rewards.dtype == jnp.float32 and rewards.shape == (B, S)
+
+
+def test_composed_weights_equal_the_compose_rewards_kernel():
+    traj = _trajectory()
+    config = _config(reward="composed", reward_weights=(0.6, 0.25, 0.15))
+    kernel = compose_rewards(
+        jnp.sum(traj.outcome, axis=1),
+        traj.verdict * traj.turn_mask,
+        traj.efficiency * traj.turn_mask,
+        traj.turn_mask,
+        weights=(0.6, 0.25, 0.15),
+    )
+    np.testing.assert_allclose(turn_rewards(traj, config), kernel, atol=1e-6)
+    # Weights are data: a traced weight vector gives the same rewards as the config name.
+    jitted = jax.jit(turn_rewards, static_argnums=1)
+    np.testing.assert_allclose(jitted(traj, config, reward_weights(config)), kernel, atol=1e-6)
+    with pytest.raises(ValueError, match="Unknown reward"):
+        reward_weights(config, "sparse")
 
 
 @pytest.mark.parametrize("estimator", ESTIMATORS)

@@ -35,7 +35,8 @@ class Setup(NamedTuple):
 
 
 class Run(NamedTuple):
-    condition: str  # name in tables and plots.
+    name: str  # folder under the workdir.
+    conditions: tuple[str, ...]  # labels in tables and plots, one per reward form trained.
     config: ml_collections.ConfigDict  # the full experiment config of this run.
 
 
@@ -53,13 +54,12 @@ def build(config: ml_collections.ConfigDict) -> Setup:
 
 
 def reward_runs(config: ml_collections.ConfigDict) -> list[Run]:
-    """One run per reward form named in `config.conditions` (comma-separated)."""
-    runs = []
-    for reward in _names(config.conditions):
-        run_config = ml_collections.ConfigDict(config.to_dict())
-        run_config.train.reward = reward
-        runs.append(Run(reward, run_config))
-    return runs
+    """All reward forms of `config.conditions` (comma-separated) in one run.
+
+    They differ only in data (the reward weights), so they train side by side in one
+    compiled program, every condition with every seed.
+    """
+    return [Run("rewards", tuple(_names(config.conditions)), config)]
 
 
 def guardrail_runs(config: ml_collections.ConfigDict) -> list[Run]:
@@ -72,12 +72,11 @@ def guardrail_runs(config: ml_collections.ConfigDict) -> list[Run]:
     runs = []
     for mode in ("off", "penalise", "mask"):
         run_config = ml_collections.ConfigDict(config.to_dict())
-        run_config.train.reward = reward
         run_config.env.guardrail = mode
         run_config.rollout.rules = mode == "mask"
         if mode == "penalise" and not run_config.train.get("violation_penalty"):
             run_config.train.violation_penalty = 1.0
-        runs.append(Run(f"{reward}/guardrail={mode}", run_config))
+        runs.append(Run(f"guardrail_{mode}", (f"{reward}/guardrail={mode}",), run_config))
     return runs
 
 
@@ -97,19 +96,22 @@ def run_and_report(
     rows = []
     for run in runs:
         setup = build(run.config)
-        rows += loop.run(
+        conditions = [label.split("/")[0] for label in run.conditions]
+        run_rows = loop.run(
             setup.train_config,
             setup.env,
             setup.policy_config,
             setup.rollout_config,
             seeds=seeds,
-            workdir=os.path.join(workdir, run.condition.replace("/", "_")),
+            conditions=conditions,
+            workdir=os.path.join(workdir, run.name),
             chunk_size=config.chunk_size,
             resume=resume,
-            condition=run.condition,
             mesh=mesh,
             progress=progress,
         )
+        labels = dict(zip(conditions, run.conditions, strict=True))
+        rows += [{**row, "condition": labels[row["condition"]]} for row in run_rows]
     _write_rows(rows, os.path.join(workdir, "metrics.csv"))
     report.plot_curves(rows, os.path.join(workdir, "curves.png"), title=title)
     summary = report.summarize(rows)

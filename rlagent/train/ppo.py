@@ -31,6 +31,7 @@ from rlagent.rollout import RolloutConfig
 from rlagent.rollout import make_rollout
 from rlagent.rollout import make_score
 from rlagent.train.config import TrainConfig
+from rlagent.train.rewards import reward_weights
 from rlagent.train.rewards import turn_rewards
 from rlagent.types import Trajectory
 
@@ -44,12 +45,13 @@ class RunnerState(NamedTuple):
     opt_state: Any  # optax state.
     ref_params: Any  # frozen initial policy, the KL anchor.
     kl_coef: jax.Array  # [] float32, adaptive when config.kl_target is set.
+    reward_weights: jax.Array  # [C] float32 weights of rewards.COMPONENTS (the reward form).
     key: jax.Array  # PRNG key.
     step: jax.Array  # [] int32, updates done.
 
 
 class Trainer(NamedTuple):
-    init: Callable[[jax.Array], RunnerState]
+    init: Callable[..., RunnerState]  # init(key, reward_weights=None)
     update: Callable[[RunnerState], tuple[RunnerState, Metrics]]
     train: Callable[[jax.Array], tuple[RunnerState, Metrics]]
     rollout: Callable[..., Trajectory]
@@ -81,6 +83,7 @@ def make_train(
     batch_size = config.batch_size
     minibatch_size = batch_size // config.num_minibatches
     needs_ref = config.kl_placement != "none"
+    default_weights = reward_weights(config)
 
     def shard(tree):
         if mesh is None:
@@ -88,7 +91,10 @@ def make_train(
         spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(data_axis))
         return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, spec), tree)
 
-    def init(key: jax.Array) -> RunnerState:
+    def init(key: jax.Array, reward_weights: jax.Array | None = None) -> RunnerState:
+        """A fresh run; `reward_weights [C]` default to those of `config.reward`."""
+        if reward_weights is None:
+            reward_weights = default_weights
         key, init_key = jax.random.split(key)
         _, params = nnx.split(Policy(policy_config, rngs=nnx.Rngs(init_key)))
         return RunnerState(
@@ -96,6 +102,7 @@ def make_train(
             opt_state=optimizer.init(params),
             ref_params=params,
             kl_coef=jnp.asarray(config.kl_coef, jnp.float32),
+            reward_weights=jnp.asarray(reward_weights, jnp.float32),
             key=key,
             step=jnp.zeros((), jnp.int32),
         )
@@ -116,7 +123,7 @@ def make_train(
             ref_logp = jax.lax.stop_gradient(score(state.ref_params, trajectory)[0])
         else:
             ref_logp = trajectory.logp
-        rewards = turn_rewards(trajectory, config)
+        rewards = turn_rewards(trajectory, config, state.reward_weights)
         kl_tokens = (
             losses.kl_penalty(_rows(trajectory.logp), _rows(ref_logp), kind=config.kl_kind).reshape(
                 token_mask.shape
@@ -163,7 +170,9 @@ def make_train(
             "kl_coef": state.kl_coef,
             "train_return": jnp.mean(jnp.sum(rewards, axis=1)),
         }
-        new_state = RunnerState(params, opt_state, state.ref_params, kl_coef, key, state.step + 1)
+        new_state = state._replace(
+            params=params, opt_state=opt_state, kl_coef=kl_coef, key=key, step=state.step + 1
+        )
         return new_state, metrics
 
     def _loss(params, minibatch: _Batch, kl_coef):
