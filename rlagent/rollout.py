@@ -50,6 +50,7 @@ from rlagent.models.llama import KVCache
 from rlagent.models.llama import init_cache
 from rlagent.models.policy import ContextLM
 from rlagent.models.policy import Policy
+from rlagent.models.policy import observed_tokens
 from rlagent.models.sampler import allowed_to_mask
 from rlagent.models.sampler import entropy_from_log_probs
 from rlagent.models.sampler import policy_log_probs
@@ -154,7 +155,16 @@ def make_rollout(
             turn_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(policy_keys, s)
             hidden, cache, start = _prefill(actor, memory[0], window, obs, s, dims)
             sampled = _sample_turn(
-                actor, hidden, cache, start, state, turn_keys, dims, config, allowed_fn
+                actor,
+                hidden,
+                cache,
+                start,
+                state,
+                turn_keys,
+                dims,
+                config,
+                allowed_fn,
+                observed_tokens(obs.tokens, policy.config.vocab_size, policy.config.pad_id),
             )
             action, live, logp, values, allowed, cache = sampled
             new_memory = [_Memory(memory[0].summary, cache)]
@@ -223,7 +233,8 @@ def make_score(
         dims = _dims(env, policy, config)
         _check_trajectory(traj, dims, policy.config.vocab_size)
         actor_hidden = turn_hidden_states(policy.actor, traj, window=config.window)
-        logits = policy.actor.logits(actor_hidden)
+        observed = observed_tokens(traj.obs_tokens, policy.config.vocab_size, policy.config.pad_id)
+        logits = policy.actor.logits(actor_hidden, observed[:, :, None, :])
         if policy.critic is None:
             values = policy.actor.values(actor_hidden)
         else:
@@ -391,7 +402,7 @@ def _prefill(
     return hidden[:, -1], cache, jnp.int32(dims.context)
 
 
-def _sample_turn(actor, hidden, cache, start, state, turn_keys, dims, config, allowed_fn):
+def _sample_turn(actor, hidden, cache, start, state, turn_keys, dims, config, allowed_fn, observed):
     """Samples the L tokens of a turn, feeding each into the cache.
 
     Returns (action [B, L], live [B, L], logp [B, L], values [B, L], allowed [B, L, V] or
@@ -408,7 +419,7 @@ def _sample_turn(actor, hidden, cache, start, state, turn_keys, dims, config, al
 
     def token(carry, i):
         hidden, cache, prefix, done = carry
-        logits = actor.logits(hidden)
+        logits = actor.logits(hidden, observed)
         if config.constrained:
             allowed = allowed_fn(state, prefix, i)
         else:

@@ -54,6 +54,11 @@ class PolicyConfig:
     summary_dim: int = 64  # width of the recurrent summary state.
     max_markers: int = 16  # largest number K of task-progress markers supported.
     num_marker_states: int = 4  # marker values: 0 absent, 1 pending, 2 done, 3 failed.
+    # Pointer prior (See et al., 2017): logits += g * [token in the current observation],
+    # g a learned scalar initialised here; None = no copy gate. A model trained from
+    # scratch cannot copy an order id from the user's message until it has learned to;
+    # pretrained LLMs can, and this gate gives a tiny policy that ability from the start.
+    copy_prior: float | None = None
     param_dtype: str = "float32"  # storage dtype of the parameters.
     dtype: str = "float32"  # compute dtype of matmuls (softmaxes and norms run in float32).
 

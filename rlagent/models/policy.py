@@ -40,20 +40,40 @@ class ContextLM(nnx.Module):
             )
         else:
             self.value_head = None
+        if config.copy_prior is None:
+            self.copy_gate = None
+        else:
+            self.copy_gate = nnx.Param(
+                jnp.asarray(config.copy_prior, jnp.dtype(config.param_dtype))
+            )
 
     def embed(self, tokens: jax.Array) -> jax.Array:
         """[...] token ids -> [..., D]."""
         return self.lm.embed(tokens)
 
-    def logits(self, hidden: jax.Array) -> jax.Array:
-        """[..., D] -> [..., V] float32."""
-        return self.lm.logits(hidden)
+    def logits(self, hidden: jax.Array, observed: jax.Array | None = None) -> jax.Array:
+        """[..., D] -> [..., V] float32.
+
+        `observed` ([..., V] float, broadcastable to the logits): 1 for tokens present in
+        the current observation (`observed_tokens`); with a copy gate g the logits get
+        `+ g * observed`.
+        """
+        logits = self.lm.logits(hidden)
+        if self.copy_gate is not None and observed is not None:
+            logits = logits + self.copy_gate[...].astype(jnp.float32) * observed
+        return logits
 
     def values(self, hidden: jax.Array) -> jax.Array:
         """[..., D] -> [...] float32 state values."""
         if self.value_head is None:
             raise ValueError("this ContextLM has no value head")
         return self.value_head(hidden)[..., 0].astype(jnp.float32)
+
+
+def observed_tokens(obs_tokens: jax.Array, vocab_size: int, pad_id: int = 0) -> jax.Array:
+    """[..., O] int tokens -> [..., V] float32: 1 where a token occurs (PAD excluded)."""
+    present = jax.nn.one_hot(obs_tokens, vocab_size, dtype=jnp.float32).max(axis=-2)
+    return present.at[..., pad_id].set(0.0)
 
 
 class Policy(nnx.Module):
