@@ -181,6 +181,27 @@ def slot_masks(turn_len: int, num_orders: int, num_items: int, num_addresses: in
 
 
 @functools.lru_cache(maxsize=32)
+def slot_ranges(
+    turn_len: int, num_orders: int, num_items: int, num_addresses: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The same grammar as `slot_masks` as token ranges: `(low, high)`, each `[C, L]` int32.
+
+    Position j of command c accepts exactly the tokens t with `low <= t < high` (a
+    literal t is the range [t, t + 1); PAD after the pattern's END).
+    """
+    masks = slot_masks(turn_len, num_orders, num_items, num_addresses)
+    low = masks.argmax(axis=-1).astype(np.int32)
+    high = (low + masks.sum(axis=-1)).astype(np.int32)
+    # Every slot is one contiguous range of token ids (classes are contiguous blocks).
+    for c in range(NUM_COMMANDS):
+        for j in range(turn_len):
+            assert masks[c, j, low[c, j] : high[c, j]].all()
+    low.setflags(write=False)
+    high.setflags(write=False)
+    return low, high
+
+
+@functools.lru_cache(maxsize=32)
 def encode_tables(turn_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Tables that write a command: `(literal [C, L], arg_slot [C, L], class_base [C, L])`.
 
