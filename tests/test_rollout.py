@@ -156,7 +156,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="window"):
         RolloutConfig(window=-1)
     wrong = PolicyConfig(vocab_size=dsl.VOCAB_SIZE + 1, d_model=16, num_heads=2, num_kv_heads=1)
-    graphdef, params = nnx.split(Policy(wrong, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: Policy(wrong, rngs=nnx.Rngs(0))))
     keys = jax.random.split(jax.random.key(0), 2)
     with pytest.raises(ValueError, match="vocab_size"):
         jax.eval_shape(make_rollout(ENV, graphdef), params, keys, keys)

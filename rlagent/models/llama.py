@@ -156,7 +156,7 @@ class Attention(nnx.Module):
         self,
         x: jax.Array,
         slots: jax.Array,
-        keys: tuple[jax.Array, jax.Array] | None,
+        keys: tuple[jax.Array, jax.Array, int] | None,
         key_slots: jax.Array,
         key_valid: jax.Array,
         write_index: jax.Array | int,
@@ -166,12 +166,14 @@ class Attention(nnx.Module):
         Args:
           x: [B, T, D] normed inputs of the chunk.
           slots: [B, T] slot of each input (RoPE position, causal order).
-          keys: this layer's cached (k, v), each [B, T_max, H_kv, d], or None.
+          keys: (k, v, layer) with the cache of all layers, each
+            [num_layers, B, T_max, H_kv, d], and this layer's index; or None.
           key_slots: [T_k] slots of the keys attended to (T_k = T_max or T).
           key_valid: [B, T_k] bool keys that may be attended to.
           write_index: first cache slot of the chunk (ignored without cache).
         Returns:
-          [B, T, D] output and the (k, v) attended to, with the chunk written in.
+          [B, T, D] output and the cache (k, v) with the chunk written in (without cache,
+          the chunk's own keys and values).
         """
         batch, length, _ = x.shape
         q = self.q_proj(x).reshape(batch, length, self.num_heads, self.head_dim)
@@ -179,11 +181,15 @@ class Attention(nnx.Module):
         v = self.v_proj(x).reshape(batch, length, self.num_kv_heads, self.head_dim)
         q = rope(q, slots, self.rope_theta)
         k = rope(k, slots, self.rope_theta)
+        new_keys = (k, v)
         if keys is not None:
-            cache_k, cache_v = keys
-            start = (0, write_index, 0, 0)
-            k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), start)
-            v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), start)
+            # Written in place into the all-layer buffers (no per-step copy of the cache).
+            cache_k, cache_v, layer = keys
+            start = (layer, 0, write_index, 0, 0)
+            cache_k = jax.lax.dynamic_update_slice(cache_k, k[None].astype(cache_k.dtype), start)
+            cache_v = jax.lax.dynamic_update_slice(cache_v, v[None].astype(cache_v.dtype), start)
+            new_keys = (cache_k, cache_v)
+            k, v = cache_k[layer], cache_v[layer]
         groups = self.num_heads // self.num_kv_heads
         q = q.reshape(batch, length, self.num_kv_heads, groups, self.head_dim)
         scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
@@ -193,7 +199,7 @@ class Attention(nnx.Module):
         weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
         out = jnp.einsum("bkgts,bskd->btkgd", weights, v)
         out = out.reshape(batch, length, self.num_heads * self.head_dim)
-        return self.o_proj(out), (k, v)
+        return self.o_proj(out), new_keys
 
 
 class MLP(nnx.Module):
@@ -314,13 +320,13 @@ class Llama(nnx.Module):
                 raise ValueError(f"cache has {cache.k.shape[2]} slots, chunk needs {length}")
             key_slots = jnp.arange(cache.k.shape[2], dtype=jnp.int32)
             all_valid = jax.lax.dynamic_update_slice(cache.valid, key_valid, (0, write_index))
-        new_k, new_v = [], []
+        cache_k, cache_v = (None, None) if cache is None else (cache.k, cache.v)
         for i, layer in enumerate(self.layers):
-            layer_keys = None if cache is None else (cache.k[i], cache.v[i])
+            layer_keys = None if cache is None else (cache_k, cache_v, i)
             x, (k, v) = layer(x, slots, layer_keys, key_slots, all_valid, write_index)
-            new_k.append(k)
-            new_v.append(v)
+            if cache is not None:
+                cache_k, cache_v = k, v
         hidden = self.norm(x)
         if cache is None:
             return hidden, None
-        return hidden, KVCache(k=jnp.stack(new_k), v=jnp.stack(new_v), valid=all_valid)
+        return hidden, KVCache(k=cache_k, v=cache_v, valid=all_valid)
