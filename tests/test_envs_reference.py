@@ -24,16 +24,23 @@ from rlagent.envs import random_policy
 from rlagent.envs import toolworld as tw
 from rlagent.envs.reference import ReferenceToolWorld
 from rlagent.envs.wrappers import AutoResetWrapper
+from rlagent.envs.wrappers import VmapWrapper
 
 CASES = {
     # name: (config, number of episodes); 2000 episodes in all.
-    "agent_off": (ToolWorldConfig(level=4), 1000),
-    "agent_penalise": (ToolWorldConfig(level=4, guardrail="penalise", penalty=0.5), 600),
-    "dialogue_sizes": (
+    "agent_off": (ToolWorldConfig(level=4), 1200),
+    "dialogue_penalise_sizes": (
         ToolWorldConfig(
-            level=4, scenario="dialogue", obs_len=9, turn_len=7, num_orders=12, num_items=5
+            level=4,
+            scenario="dialogue",
+            guardrail="penalise",
+            penalty=0.5,
+            obs_len=9,
+            turn_len=7,
+            num_orders=12,
+            num_items=5,
         ),
-        400,
+        800,
     ),
 }
 EXTRAS = (
@@ -145,6 +152,8 @@ def test_jax_matches_reference(name):
         assert np.asarray(expected["violation_flags"]).any(axis=0).all()
     else:
         assert set(np.unique(expected["user_feedback"]).tolist()) == {-1.0, 0.0, 1.0}
+    if config.guardrail == "penalise":
+        assert (np.asarray(expected["reward"]) == -config.penalty).any()
 
 
 def test_reference_reset_distribution_matches():
@@ -199,13 +208,12 @@ def test_random_policy_with_rule_mask():
 
 def test_auto_reset_and_vmap():
     env = ToolWorld(ToolWorldConfig(level=1))
-    auto = AutoResetWrapper(env)
+    batched = VmapWrapper(AutoResetWrapper(env))
     keys = jax.random.split(jax.random.PRNGKey(2), 8)
-    state, _ = jax.jit(jax.vmap(auto.reset))(keys)
-    step = jax.jit(jax.vmap(auto.step))
+    state, _ = jax.jit(batched.reset)(keys)
+    step = jax.jit(batched.step)
     oracle = jax.jit(jax.vmap(lambda s: oracle_policy(env, s)))
     next_keys = jax.jit(jax.vmap(lambda key: jax.random.fold_in(key, 0x5EED)))
-    reset = jax.jit(jax.vmap(env.reset))
     episodes = 0
     for _ in range(6):  # three episodes of two turns each
         before = state
@@ -213,10 +221,22 @@ def test_auto_reset_and_vmap():
         last = np.asarray(ts.step_type) == tw.StepType.LAST
         episodes += last.sum()
         assert (np.asarray(ts.extras["success"]) == last).all()
-        # After LAST the state is a fresh episode and the observation its first message.
+        # After LAST the state is a fresh episode, keyed by fold_in(old key), and the
+        # observation is its first message.
         assert (np.asarray(state.turn)[last] == 0).all()
-        _, first = reset(next_keys(before.key))
+        assert (np.asarray(state.progress)[last] == [tw.PENDING]).all()
         np.testing.assert_array_equal(
-            np.asarray(ts.observation.tokens)[last], np.asarray(first.observation.tokens)[last]
+            np.asarray(state.key)[last], np.asarray(next_keys(before.key))[last]
+        )
+        np.testing.assert_array_equal(
+            np.asarray(ts.observation.tokens)[last], np.asarray(state.obs)[last]
+        )
+        np.testing.assert_array_equal(
+            np.asarray(ts.observation.tokens)[~last], np.asarray(state.obs)[~last]
         )
     assert episodes == 8 * 3
+    # Batched grammar mask: the first token of a turn is CALL, SAY or BYE everywhere.
+    prefix = jnp.zeros((8, env.turn_len), jnp.int32)
+    allowed = np.asarray(batched.allowed_tokens(state, prefix, 0))
+    assert allowed.shape == (8, dsl.VOCAB_SIZE)
+    assert (allowed.sum(axis=1) == 3).all() and allowed[:, dsl.BYE].all()
