@@ -51,10 +51,11 @@ from rlagent.models.llama import init_cache
 from rlagent.models.policy import ContextLM
 from rlagent.models.policy import Policy
 from rlagent.models.policy import observed_tokens
+from rlagent.models.policy import visible_observations
 from rlagent.models.sampler import allowed_to_mask
 from rlagent.models.sampler import entropy_from_log_probs
 from rlagent.models.sampler import policy_log_probs
-from rlagent.models.sampler import sample_token
+from rlagent.models.sampler import sample_with_noise
 from rlagent.models.state_encoder import Window
 from rlagent.models.state_encoder import empty_window
 from rlagent.models.state_encoder import full_context
@@ -149,9 +150,13 @@ def make_rollout(
         window = _batched_empty_window(dims, batch)
         alive = jnp.ones((batch,), bool)
         obs = ts.observation
+        seen = jnp.zeros((batch, dims.turns, policy.config.vocab_size), jnp.float32)
 
         def turn(carry, s):
-            state, obs, alive, window, memory = carry
+            state, obs, alive, window, memory, seen = carry
+            seen = seen.at[:, s].set(
+                observed_tokens(obs.tokens, policy.config.vocab_size, policy.config.pad_id)
+            )
             turn_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(policy_keys, s)
             hidden, cache, start = _prefill(actor, memory[0], window, obs, s, dims)
             sampled = _sample_turn(
@@ -164,7 +169,7 @@ def make_rollout(
                 dims,
                 config,
                 allowed_fn,
-                observed_tokens(obs.tokens, policy.config.vocab_size, policy.config.pad_id),
+                visible_observations(seen, config.window)[:, s],
             )
             action, live, logp, values, allowed, cache = sampled
             new_memory = [_Memory(memory[0].summary, cache)]
@@ -198,13 +203,15 @@ def make_rollout(
                     for m, mem in zip(readers, new_memory, strict=True)
                 ]
                 window = jax.vmap(push_window)(window, obs.tokens, obs.progress, action, live)
-            carry = (state, ts.observation, alive & ~last, window, tuple(new_memory))
+            carry = (state, ts.observation, alive & ~last, window, tuple(new_memory), seen)
             return carry, outputs
 
         carry, out = jax.lax.scan(
-            turn, (state, obs, alive, window, memory), jnp.arange(dims.turns, dtype=jnp.int32)
+            turn,
+            (state, obs, alive, window, memory, seen),
+            jnp.arange(dims.turns, dtype=jnp.int32),
         )
-        _, final_obs, _, final_window, final_memory = carry
+        _, final_obs, _, final_window, final_memory, _ = carry
         out = {k: jnp.swapaxes(v, 0, 1) for k, v in out.items()}
         value_model = policy.value_model
         hidden, _, _ = _prefill(
@@ -234,7 +241,8 @@ def make_score(
         _check_trajectory(traj, dims, policy.config.vocab_size)
         actor_hidden = turn_hidden_states(policy.actor, traj, window=config.window)
         observed = observed_tokens(traj.obs_tokens, policy.config.vocab_size, policy.config.pad_id)
-        logits = policy.actor.logits(actor_hidden, observed[:, :, None, :])
+        visible = visible_observations(observed, config.window)
+        logits = policy.actor.logits(actor_hidden, visible[:, :, None, :])
         if policy.critic is None:
             values = policy.actor.values(actor_hidden)
         else:
@@ -410,14 +418,18 @@ def _sample_turn(actor, hidden, cache, start, state, turn_keys, dims, config, al
     """
     batch = hidden.shape[0]
     vocab = actor.config.vocab_size
-    sample = jax.vmap(
-        functools.partial(
-            sample_token, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p
-        )
+    sample = functools.partial(
+        sample_with_noise,
+        temperature=config.temperature,
+        top_k=config.top_k,
+        top_p=config.top_p,
     )
     shared_values = actor.value_head is not None
+    # The Gumbel noise of the whole turn in one call: no PRNG work inside the token loop.
+    noise = jax.vmap(lambda k: jax.random.gumbel(k, (dims.turn_len, vocab), jnp.float32))(turn_keys)
 
-    def token(carry, i):
+    def token(carry, inputs):
+        i, token_noise = inputs
         hidden, cache, prefix, done = carry
         logits = actor.logits(hidden, observed)
         if config.constrained:
@@ -425,8 +437,7 @@ def _sample_turn(actor, hidden, cache, start, state, turn_keys, dims, config, al
         else:
             allowed = jnp.ones((batch, vocab), bool)
         allowed = _ban_pad(allowed)
-        keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(turn_keys, i)
-        tok, logp = sample(keys, logits, mask=allowed_to_mask(allowed))
+        tok, logp = sample(token_noise, logits, mask=allowed_to_mask(allowed))
         live = ~done
         tok = jnp.where(live, tok, dsl.PAD)
         value = actor.values(hidden) if shared_values else jnp.zeros((batch,), jnp.float32)
@@ -440,7 +451,8 @@ def _sample_turn(actor, hidden, cache, start, state, turn_keys, dims, config, al
         return (hidden[:, 0], cache, prefix, done), out
 
     init = (hidden, cache, jnp.zeros((batch, dims.turn_len), jnp.int32), jnp.zeros((batch,), bool))
-    (_, cache, _, _), out = jax.lax.scan(token, init, jnp.arange(dims.turn_len, dtype=jnp.int32))
+    steps = jnp.arange(dims.turn_len, dtype=jnp.int32)
+    (_, cache, _, _), out = jax.lax.scan(token, init, (steps, jnp.swapaxes(noise, 0, 1)))
     out = [jnp.swapaxes(x, 0, 1) for x in out]
     allowed = out[4] if config.constrained else None
     return out[0], out[1], out[2], out[3], allowed, cache

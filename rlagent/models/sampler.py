@@ -69,10 +69,7 @@ def sample_token(
 ) -> tuple[jax.Array, jax.Array]:
     """Draws one token per row and returns it with its log pi.
 
-    temperature 0 is greedy (argmax of logits + mask); top_k > 0 keeps the k largest
-    logits; top_p < 1 keeps the smallest set of most likely tokens whose mass reaches
-    top_p (nucleus sampling, Holtzman et al. 2020). Truncations are applied after the
-    mask and temperature.
+    Same as `sample_with_noise` with Gumbel noise drawn from `key`.
 
     Args:
       key: PRNG key.
@@ -81,7 +78,40 @@ def sample_token(
     Returns:
       tokens [...] int32 and log pi(token) [...] float32 (see the module docstring).
     """
+    noise = jax.random.gumbel(key, logits.shape, jnp.float32)
+    return sample_with_noise(
+        noise, logits, temperature=temperature, top_k=top_k, top_p=top_p, mask=mask
+    )
+
+
+def sample_with_noise(
+    noise: jax.Array,
+    logits: jax.Array,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    mask: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Samples by the Gumbel-max trick: argmax(scores + g), g ~ Gumbel(0, 1) i.i.d.
+
+    scores = log pi truncated by top-k / top-p, so argmax(scores + g) ~ softmax(scores)
+    (what `jax.random.categorical` does). Taking pre-drawn noise lets a decoding loop draw
+    the noise of all its steps in one vectorised call instead of running the PRNG once
+    per token. temperature 0 is greedy (argmax of logits + mask, noise unused); top_k > 0
+    keeps the k largest logits; top_p < 1 keeps the smallest set of most likely tokens
+    whose mass reaches top_p (nucleus sampling, Holtzman et al. 2020). Truncations are
+    applied after the mask and temperature.
+
+    Args:
+      noise: [..., V] float32 standard Gumbel noise.
+      logits: [..., V] float32.
+      mask: optional additive mask broadcastable to `logits`.
+    Returns:
+      tokens [...] int32 and log pi(token) [...] float32 (see the module docstring).
+    """
     chex.assert_rank(logits, {1, 2, 3})
+    chex.assert_equal_shape([noise, logits])
     if top_k < 0:
         raise ValueError(f"top_k must be >= 0, got {top_k}")
     if not 0.0 < top_p <= 1.0:
@@ -101,7 +131,7 @@ def sample_token(
             # The most likely token is always kept (mass_before = 0 < top_p).
             cutoff = jnp.min(jnp.where(mass_before < top_p, ordered, jnp.inf), axis=-1)
             scores = jnp.where(scores < cutoff[..., None], NEG_INF, scores)
-        tokens = jax.random.categorical(key, scores, axis=-1)
+        tokens = jnp.argmax(scores + noise, axis=-1)
     tokens = tokens.astype(jnp.int32)
     logp = jnp.take_along_axis(log_pi, tokens[..., None], axis=-1)[..., 0]
     return tokens, logp
@@ -151,7 +181,7 @@ def generate(
     Args:
       graphdef, params: `nnx.split` of a `Llama`, a `ContextLM` or a `Policy` (its actor).
       prompt: [B, P] int32 tokens.
-      key: PRNG key (split per step).
+      key: PRNG key (the Gumbel noise of every step is drawn from it up front).
       logits_mask: optional additive mask [V] or [B, V] applied at every step (e.g. a
         guardrail / DSL mask: 0 allowed, -inf banned).
       prompt_valid: optional [B, P] bool, False on prompt padding (never attended to).
@@ -173,27 +203,29 @@ def generate(
     cache = init_cache(lm.config, batch, prompt_len + max_new_tokens)
     hidden, cache = lm(lm.embed(prompt), prompt_valid, cache, 0)
     sample = functools.partial(
-        sample_token, temperature=temperature, top_k=top_k, top_p=top_p, mask=logits_mask
+        sample_with_noise, temperature=temperature, top_k=top_k, top_p=top_p, mask=logits_mask
     )
+    vocab = lm.config.vocab_size
+    noise = jax.random.gumbel(key, (max_new_tokens, batch, vocab), jnp.float32)
 
-    def emit(logits, done, step_key):
-        token, logp = sample(step_key, logits)
+    def emit(logits, done, step_noise):
+        token, logp = sample(step_noise, logits)
         live = ~done
         token = jnp.where(live, token, pad_id)
         finished = done | (token == end_id) if end_id is not None else done
         return token, jnp.where(live, logp, 0.0), live, finished
 
-    first = emit(lm.logits(hidden[:, -1]), jnp.zeros((batch,), bool), jax.random.fold_in(key, 0))
+    first = emit(lm.logits(hidden[:, -1]), jnp.zeros((batch,), bool), noise[0])
 
-    def step(carry, index):
+    def step(carry, inputs):
+        index, step_noise = inputs
         token, _, live, done, cache = carry
         hidden, cache = lm(lm.embed(token[:, None]), live[:, None], cache, prompt_len + index - 1)
-        out = emit(lm.logits(hidden[:, 0]), done, jax.random.fold_in(key, index))
+        out = emit(lm.logits(hidden[:, 0]), done, step_noise)
         return (*out, cache), out[:3]
 
-    _, (tokens, logp, live) = jax.lax.scan(
-        step, (*first, cache), jnp.arange(1, max_new_tokens, dtype=jnp.int32)
-    )
+    steps = jnp.arange(1, max_new_tokens, dtype=jnp.int32)
+    _, (tokens, logp, live) = jax.lax.scan(step, (*first, cache), (steps, noise[1:]))
     stack = lambda head, rest: jnp.concatenate([head[:, None], rest.T], axis=1)  # noqa: E731
     return Generation(
         tokens=stack(first[0], tokens), logp=stack(first[1], logp), mask=stack(first[2], live)
