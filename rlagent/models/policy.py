@@ -55,7 +55,7 @@ class ContextLM(nnx.Module):
         """[..., D] -> [..., V] float32.
 
         `observed` ([..., V] float, broadcastable to the logits): 1 for tokens present in
-        the current observation (`observed_tokens`); with a copy gate g the logits get
+        the visible observations (`visible_observations`); with a copy gate g the logits get
         `+ g * observed`.
         """
         logits = self.lm.logits(hidden)
@@ -74,6 +74,21 @@ def observed_tokens(obs_tokens: jax.Array, vocab_size: int, pad_id: int = 0) -> 
     """[..., O] int tokens -> [..., V] float32: 1 where a token occurs (PAD excluded)."""
     present = jax.nn.one_hot(obs_tokens, vocab_size, dtype=jnp.float32).max(axis=-2)
     return present.at[..., pad_id].set(0.0)
+
+
+def visible_observations(observed: jax.Array, window: int | None) -> jax.Array:
+    """[B, S, V] per-turn `observed_tokens` -> tokens visible in the context of each turn.
+
+    Turn s sees its own observation and those of the last `window` turns (all earlier
+    turns when `window` is None, full context): the copy gate may point at any of them,
+    e.g. at an address the user gave before the agent looked the order up.
+    """
+    turns = observed.shape[1]
+    t = jnp.arange(turns)
+    visible = t[None, :] <= t[:, None]  # [s, t]
+    if window is not None:
+        visible &= t[None, :] >= t[:, None] - window
+    return jnp.max(observed[:, None, :, :] * visible[None, :, :, None], axis=2)
 
 
 class Policy(nnx.Module):
