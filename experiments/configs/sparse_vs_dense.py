@@ -20,19 +20,27 @@ def get_config() -> ml_collections.ConfigDict:
     config.env = ml_collections.ConfigDict()
     config.env.level = 2  # several tools: where sparse and dense rewards part ways.
 
-    # Policy LM (rlagent.models.PolicyConfig fields): a tiny Llama.
+    # Policy LM (rlagent.models.PolicyConfig fields): a tiny Llama with a copy gate.
     config.model = ml_collections.ConfigDict()
+    config.model.d_model = 32
+    config.model.num_layers = 1
+    config.model.num_heads = 2
+    config.model.num_kv_heads = 1
+    config.model.mlp_dim = 64
+    config.model.summary_dim = 32
+    config.model.num_summary_slots = 2
+    config.model.copy_prior = 3.0  # learned pointer prior towards observed tokens.
 
     # Rollout (rlagent.rollout.RolloutConfig fields).
     config.rollout = ml_collections.ConfigDict()
-    config.rollout.window = 2  # sliding window of turns; None = full context.
+    config.rollout.window = 1  # sliding window of turns kept verbatim; None = full context.
     config.rollout.constrained = True  # DSL grammar mask while sampling.
 
     # PPO (rlagent.train.TrainConfig fields).
     config.train = ml_collections.ConfigDict()
-    config.train.num_updates = 60
-    config.train.num_groups = 8
-    config.train.group_size = 8
+    config.train.num_updates = 120
+    config.train.num_groups = 8  # tasks per update ...
+    config.train.group_size = 8  # ... times episodes per task.
     config.train.estimator = "gae_turn"
-    config.train.learning_rate = 3e-3
+    config.train.learning_rate = 1e-3
     return config

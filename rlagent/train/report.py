@@ -98,8 +98,12 @@ def plot_curves(
     *,
     metric: str = "success",
     title: str = "",
+    smooth: int = 5,
 ) -> None:
-    """Plots `metric` vs environment turns: mean over seeds, min-max band, per condition."""
+    """Plots `metric` vs environment turns: mean over seeds, min-max band, per condition.
+
+    Each seed's curve is first smoothed by a trailing moving average over `smooth` updates.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -113,14 +117,15 @@ def plot_curves(
         curves = [sorted(r, key=lambda x: x["update"]) for r in seeds.values()]
         length = min(len(c) for c in curves)
         values = np.array([[r[metric] for r in c[:length]] for c in curves])
+        values = _moving_average(values, smooth)
         turns = np.mean([[r["env_turns_total"] for r in c[:length]] for c in curves], axis=0)
         mean = values.mean(axis=0)
         (line,) = ax.plot(turns, mean, label=f"{condition} ({len(curves)} seeds)")
         ax.fill_between(
-            turns, values.min(axis=0), values.max(axis=0), alpha=0.2, color=line.get_color()
+            turns, values.min(axis=0), values.max(axis=0), alpha=0.15, color=line.get_color()
         )
     ax.set_xlabel("environment turns of experience (per seed)")
-    ax.set_ylabel(metric)
+    ax.set_ylabel(f"{metric} (moving average of {smooth} updates)" if smooth > 1 else metric)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
@@ -136,6 +141,16 @@ def write_summary(
         f.write(preface + markdown_table(summary))
     with open(json_path, "w") as f:
         json.dump(summary, f, indent=2)
+
+
+def _moving_average(values: np.ndarray, window: int) -> np.ndarray:
+    """Trailing moving average along the last axis (shorter windows at the start)."""
+    if window <= 1:
+        return values
+    cumulative = np.cumsum(values, axis=-1)
+    shifted = np.concatenate([np.zeros_like(cumulative[..., :window]), cumulative], axis=-1)
+    counts = np.minimum(np.arange(1, values.shape[-1] + 1), window)
+    return (cumulative - shifted[..., : values.shape[-1]]) / counts
 
 
 def _pm(stats: Mapping[str, float]) -> str:
