@@ -150,13 +150,22 @@ def make_rollout(
         window = _batched_empty_window(dims, batch)
         alive = jnp.ones((batch,), bool)
         obs = ts.observation
-        seen = jnp.zeros((batch, dims.turns, policy.config.vocab_size), jnp.float32)
+        # Tokens of the observations visible so far (full mode: all of them, a running max).
+        seen = jnp.zeros((batch, policy.config.vocab_size), jnp.float32)
+        vocab, pad = policy.config.vocab_size, policy.config.pad_id
 
         def turn(carry, s):
             state, obs, alive, window, memory, seen = carry
-            seen = seen.at[:, s].set(
-                observed_tokens(obs.tokens, policy.config.vocab_size, policy.config.pad_id)
-            )
+            # Copy-gate support: tokens of the observations in the context of turn s, i.e.
+            # `visible_observations` computed from the window (or a running max in full
+            # mode) so that the cost of a turn stays independent of the episode length.
+            current = observed_tokens(obs.tokens, vocab, pad)
+            if dims.window is None:
+                seen = jnp.maximum(seen, current)
+                visible = seen
+            else:
+                in_window = observed_tokens(window.obs, vocab, pad) * window.valid[..., None]
+                visible = jnp.maximum(current, in_window.max(axis=1, initial=0.0))
             turn_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(policy_keys, s)
             hidden, cache, start = _prefill(actor, memory[0], window, obs, s, dims)
             sampled = _sample_turn(
@@ -169,7 +178,7 @@ def make_rollout(
                 dims,
                 config,
                 allowed_fn,
-                visible_observations(seen, config.window)[:, s],
+                visible,
             )
             action, live, logp, values, allowed, cache = sampled
             new_memory = [_Memory(memory[0].summary, cache)]

@@ -44,6 +44,7 @@ def case(request):
         num_summary_slots=2,
         summary_dim=16,
         value_head=value_head,
+        copy_prior=2.0,  # the copy gate must be applied identically in rollout and score
     )
     graphdef, params = nnx.split(Policy(policy_config, rngs=nnx.Rngs(0)))
     inner, traces = make_rollout(ENV, graphdef, config), []
