@@ -234,6 +234,7 @@ def test_summary_numbers_and_files(tmp_path):
     assert dense["turns_to_80"]["mean"] == pytest.approx(400.0)
     assert dense["final_success"]["mean"] == pytest.approx(1.0)
     assert sparse["turns_to_80"] == {"mean": None, "reached": "0/3"}
+    assert dense["violation_rate_all"]["mean"] == 0.0
     # seeds 0, 1, 2 end at 0.50, 0.51, 0.52: mean 0.51, std 0.01, t(2) = 4.303.
     assert sparse["final_success"]["mean"] == pytest.approx(0.51)
     assert sparse["final_success"]["ci95"] == pytest.approx(4.303 * 0.01 / np.sqrt(3))

@@ -42,7 +42,8 @@ def summarize(
     For each seed: `final_success` is the mean success over the last `final_fraction` of
     updates; `turns_to_<p>` is the experience (environment turns) after the first update
     whose success reached p (None when never reached); `violation_rate`, `turns`,
-    `turns_over_plan` are averaged over the same final updates.
+    `turns_over_plan` are averaged over the same final updates, `violation_rate_all` over
+    every update (violations made while learning).
     """
     by_condition: dict[str, dict[int, list[Mapping[str, Any]]]] = defaultdict(
         lambda: defaultdict(list)
@@ -58,13 +59,17 @@ def summarize(
             tail = seed_rows[-max(1, int(round(len(seed_rows) * final_fraction))) :]
             for key in ("success", "violation_rate", "turns", "turns_over_plan", "process_score"):
                 per_seed[key].append(float(np.mean([r[key] for r in tail])))
+            per_seed["violation_rate_all"].append(
+                float(np.mean([r["violation_rate"] for r in seed_rows]))
+            )
             for p in thresholds:
                 first = next((r for r in seed_rows if r["success"] >= p), None)
                 reached[p].append(None if first is None else float(first["env_turns_total"]))
         entry: dict[str, Any] = {"num_seeds": len(seeds)}
         entry["final_success"] = mean_ci(per_seed["success"])
-        for key in ("violation_rate", "turns", "turns_over_plan", "process_score"):
+        for key in ("violation_rate", "violation_rate_all", "turns", "turns_over_plan"):
             entry[key] = mean_ci(per_seed[key])
+        entry["process_score"] = mean_ci(per_seed["process_score"])
         for p in thresholds:
             hits = [v for v in reached[p] if v is not None]
             entry[f"turns_to_{int(p * 100)}"] = {
@@ -79,7 +84,8 @@ def markdown_table(summary: Mapping[str, Mapping[str, Any]]) -> str:
     """The summary as a Markdown table (mean ± 95% CI over seeds)."""
     keys = [k for k in next(iter(summary.values())) if k.startswith("turns_to_")]
     header = ["condition", "seeds", "final success", *[k.replace("_", " ") for k in keys]]
-    header += ["violation rate", "turns / episode", "turns over plan"]
+    header += ["violation rate", "violation rate (whole run)", "turns / episode"]
+    header += ["turns over plan"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for condition, entry in summary.items():
         cells = [condition, str(entry["num_seeds"]), _pm(entry["final_success"])]
@@ -87,7 +93,8 @@ def markdown_table(summary: Mapping[str, Mapping[str, Any]]) -> str:
             hit = entry[k]
             mean = "never" if hit["mean"] is None else f"{hit['mean']:,.0f}"
             cells.append(f"{mean} ({hit['reached']} seeds)")
-        cells += [_pm(entry["violation_rate"]), _pm(entry["turns"]), _pm(entry["turns_over_plan"])]
+        cells += [_pm(entry[k]) for k in ("violation_rate", "violation_rate_all", "turns")]
+        cells.append(_pm(entry["turns_over_plan"]))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
