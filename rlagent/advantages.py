@@ -87,12 +87,13 @@ def gae(
     values = _check_like("values", values, rewards)
     # A_k = G^lambda_k - V_k: one reverse recursion for the lambda-return instead of a
     # recursion over TD errors that would need the next unmasked value first.
-    decay = _static_float(gamma) * _static_float(lam) if _is_static(gamma, lam) else None
+    # The blocked solve needs gamma and lam at trace time (traced ones take the scan).
+    decay = float(gamma) * float(lam) if _is_static(gamma, lam) else None
     if decay is not None and _BLOCK_DECAY_RANGE[0] <= decay**_BLOCK <= _BLOCK_DECAY_RANGE[1]:
-        lambda_returns = _blocked_lambda_returns(rewards, values, mask, bootstrap_value, gamma, lam)
+        lam_returns = _blocked_lambda_returns(rewards, values, mask, bootstrap_value, gamma, lam)
     else:
-        lambda_returns = _lambda_recurrence(rewards, values, mask, bootstrap_value, gamma, lam)
-    returns = jnp.where(mask, lambda_returns, 0.0)
+        lam_returns = _lambda_recurrence(rewards, values, mask, bootstrap_value, gamma, lam)
+    returns = jnp.where(mask, lam_returns, 0.0)
     return GAEOutput(jnp.where(mask, returns - values, 0.0), returns)
 
 
@@ -400,11 +401,8 @@ _BLOCK_DECAY_RANGE = (1e-30, 1e30)
 
 
 def _is_static(*xs: object) -> bool:
+    """Whether every `x` is a Python or NumPy scalar, i.e. known at trace time."""
     return all(isinstance(x, (int, float, np.integer, np.floating)) for x in xs)
-
-
-def _static_float(x: object) -> float:
-    return float(x)  # type: ignore[arg-type]
 
 
 def _blocked_lambda_returns(
