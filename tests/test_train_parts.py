@@ -12,6 +12,7 @@ from rlagent.train import report
 from rlagent.train.config import ESTIMATORS
 from rlagent.train.config import REWARDS
 from rlagent.train.config import TrainConfig
+from rlagent.train.ppo import _adapt_kl_coef
 from rlagent.train.ppo import anchor_ids
 from rlagent.train.ppo import episode_metrics
 from rlagent.train.ppo import estimate_advantages
@@ -247,3 +248,28 @@ def test_summary_numbers_and_files(tmp_path):
     )
     report.plot_curves(_rows(), str(tmp_path / "curves.png"))
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_kl_in_the_reward_reaches_every_estimator_level():
+    traj = _trajectory()
+    config = _config(estimator="drgrpo", reward="outcome")
+    rewards = turn_rewards(traj, config)
+    kl_reward = -0.1 * (traj.action_mask & traj.turn_mask[..., None]).astype(jnp.float32)
+    with_kl, _ = estimate_advantages(traj, rewards, kl_reward, config)
+    without, _ = estimate_advantages(traj, rewards, jnp.zeros_like(kl_reward), config)
+    # Episode scores drop by 0.1 per generated token; rows 0/1 differ by 7 - 4 tokens.
+    mask = np.asarray(traj.action_mask & traj.turn_mask[..., None])
+    shift = np.asarray(with_kl - without)[0][mask[0]]
+    np.testing.assert_allclose(shift, -0.1 * (7 - 4) / 2, atol=1e-6)
+
+
+def test_adaptive_kl_coefficient_follows_the_target():
+    config = _config(kl_target=0.1, kl_coef=0.2, kl_horizon=40.0)  # batch 4: gain 0.1
+    coef = jnp.asarray(0.2)
+    assert float(_adapt_kl_coef(coef, jnp.asarray(0.3), config)) == pytest.approx(0.2 * 1.02)
+    assert float(_adapt_kl_coef(coef, jnp.asarray(0.0), config)) == pytest.approx(0.2 * 0.98)
+    assert float(_adapt_kl_coef(coef, jnp.asarray(0.1), config)) == pytest.approx(0.2)
+    fixed = _config(kl_coef=0.2)
+    assert float(_adapt_kl_coef(coef, jnp.asarray(5.0), fixed)) == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="adaptive KL"):
+        _config(kl_target=0.1, kl_placement="none")

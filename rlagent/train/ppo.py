@@ -154,7 +154,7 @@ def make_train(
             grads, stats = jax.grad(_loss, has_aux=True)(params, minibatch, state.kl_coef)
             updates, opt_state = optimizer.update(grads, opt_state, params)
             params = optax.apply_updates(params, updates)
-            stats["grad_norm"] = optax.global_norm(grads)
+            stats["grad_norm"] = optax.tree_utils.tree_norm(grads)
             return (params, opt_state), stats
 
         (params, opt_state), stats = jax.lax.scan(
