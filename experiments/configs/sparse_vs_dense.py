@@ -12,7 +12,7 @@ def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     # Reward forms compared (rlagent.train.config.REWARDS); one training run each.
     config.conditions = "outcome,process,composed,potential"
-    config.seeds = 3  # seeds per condition, trained in parallel under vmap.
+    config.seeds = 5  # seeds per condition, trained in parallel under vmap.
     config.first_seed = 0
     config.chunk_size = 10  # updates per jitted call between metric writes / checkpoints.
 
