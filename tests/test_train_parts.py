@@ -19,6 +19,7 @@ from rlagent.train.ppo import estimate_advantages
 from rlagent.train.rewards import POTENTIAL_SCALE
 from rlagent.train.rewards import reward_weights
 from rlagent.train.rewards import turn_rewards
+from rlagent.train.writers import MetricWriter
 from rlagent.types import Trajectory
 
 B, S, O, L, K = 4, 3, 2, 3, 2  # two groups of two episodes.
@@ -273,3 +274,15 @@ def test_adaptive_kl_coefficient_follows_the_target():
     assert float(_adapt_kl_coef(coef, jnp.asarray(5.0), fixed)) == pytest.approx(0.2)
     with pytest.raises(ValueError, match="adaptive KL"):
         _config(kl_target=0.1, kl_placement="none")
+
+
+def test_metric_writer_csv_tensorboard_and_truncate(tmp_path):
+    writer = MetricWriter(str(tmp_path))
+    rows = [{"condition": "process", "update": u, "seed": 0, "success": u / 4} for u in (1, 2, 3)]
+    writer.write(rows)
+    assert writer.read() == rows
+    assert writer.truncate(2) == rows[:2]
+    assert writer.read() == rows[:2]
+    writer.close()
+    events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
