@@ -12,8 +12,6 @@ from typing import NamedTuple
 import chex
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax import lax
 
 from rlagent.returns import _check_float
 from rlagent.returns import _check_like
@@ -87,12 +85,7 @@ def gae(
     values = _check_like("values", values, rewards)
     # A_k = G^lambda_k - V_k: one reverse recursion for the lambda-return instead of a
     # recursion over TD errors that would need the next unmasked value first.
-    # The blocked solve needs gamma and lam at trace time (traced ones take the scan).
-    decay = float(gamma) * float(lam) if _is_static(gamma, lam) else None
-    if decay is not None and _BLOCK_DECAY_RANGE[0] <= decay**_BLOCK <= _BLOCK_DECAY_RANGE[1]:
-        lam_returns = _blocked_lambda_returns(rewards, values, mask, bootstrap_value, gamma, lam)
-    else:
-        lam_returns = _lambda_recurrence(rewards, values, mask, bootstrap_value, gamma, lam)
+    lam_returns = _lambda_recurrence(rewards, values, mask, bootstrap_value, gamma, lam)
     returns = jnp.where(mask, lam_returns, 0.0)
     return GAEOutput(jnp.where(mask, returns - values, 0.0), returns)
 
@@ -391,89 +384,6 @@ def whiten(
 
 
 # --------------------------------------------------------------------------- helpers
-
-# Time block of `_blocked_lambda_returns`: the bits of a block's next-mask are packed into
-# one uint32, and a [B * T / 32, 32] x [32, 32] matmul is cheap next to a 4096-step scan.
-_BLOCK = 32
-# `(gamma lam)^k` must stay a normal float32 for the rescaling inside a block to be exact
-# to rounding; outside this range (e.g. lam = 0) `gae` falls back to the sequential scan.
-_BLOCK_DECAY_RANGE = (1e-30, 1e30)
-
-
-def _is_static(*xs: object) -> bool:
-    """Whether every `x` is a Python or NumPy scalar, i.e. known at trace time."""
-    return all(isinstance(x, (int, float, np.integer, np.floating)) for x in xs)
-
-
-def _blocked_lambda_returns(
-    rewards: jax.Array,
-    values: jax.Array,
-    mask: jax.Array,
-    bootstrap_value: jax.Array,
-    gamma: float,
-    lam: float,
-) -> jax.Array:
-    """`_lambda_recurrence` solved in blocks of `_BLOCK` steps with one matmul (`[B, T]`).
-
-    The recursion is `y_t = x_t + c_t y_{t+1}` with `c_t = d = gamma lam` where `t + 1`
-    is unmasked and 1 (bridge) elsewhere, `y_T = 0`. Within a block `[s_0, s_0 + k)`,
-    with `K_t` the number of discounting steps `s_0 <= u < t`,
-
-        y_t = d^{-K_t} sum_{t <= s < s_0 + k} d^{K_s} x_s + d^{K_k - K_t} y_{s_0 + k},
-
-    so the in-block part is a reverse cumulative sum of `d^{K_s} x_s` (a matmul with a
-    triangular ones matrix) and only the `T / k` block carries `y_{s_0}` need a scan.
-    `K_t` is a popcount of the block's packed next-mask bits. No transpose of a `[B, T]`
-    array is needed, which is what dominates the time-major scan on CPU. Requires
-    `d^k` to be a normal float32 (checked by `gae`).
-    """
-    batch, length = rewards.shape
-    decay = float(gamma) * float(lam)
-    log_decay = float(np.log(decay))
-    # Same inputs as `_lambda_recurrence`: V_{k+1} is added just before the next
-    # unmasked position, the bootstrap value with weight gamma at T - 1.
-    next_mask = jnp.concatenate([mask[:, 1:], jnp.ones_like(mask[:, :1])], axis=1)
-    next_values = jnp.concatenate([values[:, 1:], bootstrap_value[:, None]], axis=1)
-    is_last = jnp.arange(length) == length - 1
-    value_weight = jnp.where(is_last, gamma, gamma * (1.0 - lam))
-    inputs = rewards + jnp.where(next_mask, value_weight * next_values, 0.0)
-    # Padding with x = 0 and c = 1 (next_mask False) carries y_T = 0 through unchanged.
-    pad = (-length) % _BLOCK
-    if pad:
-        inputs = jnp.pad(inputs, ((0, 0), (0, pad)))
-        next_mask = jnp.pad(next_mask, ((0, 0), (0, pad)))
-    num_blocks = (length + pad) // _BLOCK
-    rows = batch * num_blocks
-    bit = jnp.left_shift(jnp.uint32(1), jnp.arange(_BLOCK, dtype=jnp.uint32))
-    # Bits are disjoint, so the sum is their bitwise or.
-    packed = jnp.sum(
-        jnp.where(next_mask.reshape(rows, _BLOCK), bit, jnp.uint32(0)),
-        axis=1,
-        keepdims=True,
-        dtype=jnp.uint32,
-    )
-    count_before = lax.population_count(packed & (bit - jnp.uint32(1))).astype(jnp.float32)
-    count_block = lax.population_count(packed).astype(jnp.float32)  # [rows, 1]
-    scale = jnp.exp(count_before * log_decay)  # d^{K_t}, in [d^k, 1]
-    index = np.arange(_BLOCK)
-    upper = jnp.asarray(index[:, None] >= index[None, :], jnp.float32)  # [s, t]: s >= t
-    # HIGHEST keeps the matmul in float32 on accelerators that default to bf16 passes.
-    partial = jnp.dot(inputs.reshape(rows, _BLOCK) * scale, upper, precision=lax.Precision.HIGHEST)
-    # Block carries: Y_b = partial_b[0] + d^{K_k, b} Y_{b+1} (K_0 = 0, so no rescale).
-    block_first = partial[:, 0].reshape(batch, num_blocks).T
-    block_decay = jnp.exp(count_block[:, 0] * log_decay).reshape(batch, num_blocks).T
-
-    def step(carry: jax.Array, x: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
-        first, block_discount = x
-        return first + block_discount * carry, carry
-
-    _, carry_in = lax.scan(
-        step, jnp.zeros((batch,), jnp.float32), (block_first, block_decay), reverse=True
-    )
-    # d^{K_k - K_t} Y_{b+1} = d^{K_k} Y_{b+1} / d^{K_t}: one division per element.
-    carry_in = block_decay.T.reshape(rows, 1) * carry_in.T.reshape(rows, 1)
-    outputs = (partial + carry_in) / scale
-    return outputs.reshape(batch, num_blocks * _BLOCK)[:, :length]
 
 
 def _check_turn_ids(turn_ids: jax.Array, like: jax.Array, same_shape: bool = False) -> None:

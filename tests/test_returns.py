@@ -200,3 +200,34 @@ def test_bad_inputs_are_rejected():
         compose_rewards(scores[:-1, 0], scores, scores, scores > 0)
     with pytest.raises(ValueError, match="weights"):
         compose_rewards(scores[:, 0], scores, scores, scores > 0, weights=(1.0, 0.0))
+
+
+@pytest.mark.parametrize("length", [5, 32, 77])
+def test_blocked_and_sequential_solves_agree_with_the_reference(length):
+    """A static discount takes the blocked solve, a traced one the sequential scan."""
+    rng = np.random.default_rng(length)
+    rewards = rng.normal(size=(4, length)).astype(np.float32)
+    values = rng.normal(size=(4, length)).astype(np.float32)
+    mask = rng.random((4, length)) < 0.6
+    mask[0] = True
+    mask[1, : length // 2] = False
+    boot = rng.normal(size=4).astype(np.float32)
+
+    traced = jax.jit(
+        lambda g, l: (
+            discounted_returns(rewards, mask, gamma=g, bootstrap_value=boot),
+            lambda_returns(rewards, values, mask, gamma=g, lam=l, bootstrap_value=boot),
+        )
+    )
+    for gamma, lam in [(1.0, 1.0), (0.97, 0.9), (0.6, 0.5)]:
+        blocked_disc = discounted_returns(rewards, mask, gamma=gamma, bootstrap_value=boot)
+        blocked_lam = lambda_returns(
+            rewards, values, mask, gamma=gamma, lam=lam, bootstrap_value=boot
+        )
+        scan_disc, scan_lam = traced(jnp.float32(gamma), jnp.float32(lam))
+        ref_disc = np_discounted(rewards, mask, gamma, boot)
+        ref_lam = np_lambda_returns(rewards, values, mask, gamma, lam, boot)
+        for out in (blocked_disc, scan_disc):
+            np.testing.assert_allclose(out, ref_disc, rtol=1e-5, atol=1e-5)
+        for out in (blocked_lam, scan_lam):
+            np.testing.assert_allclose(out, ref_lam, rtol=1e-5, atol=1e-5)
