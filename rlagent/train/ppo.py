@@ -258,7 +258,8 @@ def estimate_advantages(
             lam=config.lam,
             bootstrap_value=trajectory.bootstrap_value,
         )
-        advantages, targets = out[0].reshape(values.shape), out[1].reshape(values.shape)
+        advantages = out.advantages.reshape(values.shape)
+        targets = out.returns.reshape(values.shape)
     elif config.estimator == "gae_turn":
         turn_values = values[:, :, 0]  # the value before the turn's first token.
         out = adv_lib.gae(
@@ -269,7 +270,7 @@ def estimate_advantages(
             lam=config.lam,
             bootstrap_value=trajectory.bootstrap_value,
         )
-        advantages, targets = to_tokens(out[0]), to_tokens(out[1])
+        advantages, targets = to_tokens(out.advantages), to_tokens(out.returns)
     elif config.estimator == "hierarchical":
         out = adv_lib.hierarchical_advantages(
             rewards_per_turn,
@@ -292,19 +293,16 @@ def estimate_advantages(
             episode_adv = adv_lib.grpo_advantages(
                 scores, group_ids, num_groups=config.num_groups, scale=scale
             )
-        episode_adv = episode_adv[0] if isinstance(episode_adv, tuple) else episode_adv
         advantages, targets = episode_adv[:, None, None] * token_mask, zeros
     elif config.estimator == "reinforce_pp":
         out = adv_lib.reinforce_pp_returns(
             _rows(token_rewards), _rows(token_mask), gamma=config.gamma
         )
-        out = out[0] if isinstance(out, tuple) else out
-        advantages, targets = out.reshape(values.shape), zeros
+        advantages, targets = out.advantages.reshape(values.shape), zeros
     elif config.estimator == "gigpo":
         step_returns = returns_lib.discounted_returns(
             rewards_per_turn, turn_mask, gamma=config.gamma
         )
-        step_returns = step_returns[0] if isinstance(step_returns, tuple) else step_returns
         out = adv_lib.gigpo_advantages(
             jnp.sum(rewards_per_turn, axis=1),
             step_returns,
@@ -314,8 +312,7 @@ def estimate_advantages(
             num_groups=config.num_groups,
             omega=config.gigpo_omega,
         )
-        out = out[0] if isinstance(out, tuple) else out
-        advantages, targets = to_tokens(out), zeros
+        advantages, targets = to_tokens(out.advantages), zeros
     else:
         raise ValueError(f"Unknown estimator {config.estimator!r}.")
     if config.normalize_advantages and config.uses_critic:
