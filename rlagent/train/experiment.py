@@ -6,7 +6,6 @@ run the same experiment (see colab/quickstart.ipynb).
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import os
 from collections.abc import Mapping
@@ -25,6 +24,7 @@ from rlagent.rollout import RolloutConfig
 from rlagent.train import loop
 from rlagent.train import report
 from rlagent.train.config import TrainConfig
+from rlagent.train.writers import MetricWriter
 
 
 class Setup(NamedTuple):
@@ -112,7 +112,9 @@ def run_and_report(
         )
         labels = dict(zip(conditions, run.conditions, strict=True))
         rows += [{**row, "condition": labels[row["condition"]]} for row in run_rows]
-    _write_rows(rows, os.path.join(workdir, "metrics.csv"))
+    merged = MetricWriter(workdir, tensorboard=False)
+    merged.clear()
+    merged.write(rows)
     report.plot_curves(rows, os.path.join(workdir, "curves.png"), title=title)
     summary = report.summarize(rows)
     preface = f"# {title}\n\n" if title else ""
@@ -139,11 +141,3 @@ def _names(text: str) -> list[str]:
     if not names:
         raise ValueError("config.conditions names no reward form.")
     return names
-
-
-def _write_rows(rows: Sequence[Mapping[str, Any]], path: str) -> None:
-    fields = list(dict.fromkeys(key for row in rows for key in row))
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)

@@ -72,8 +72,8 @@ def run(
         done = int(manager.latest_step())
         state = manager.restore(done, args=ocp.args.StandardRestore(state))
         rows = writer.truncate(done)
-    elif os.path.exists(writer.path):
-        os.remove(writer.path)
+    else:
+        writer.clear()
     totals = dict.fromkeys(runs, 0.0)
     for row in rows:
         totals[(row["condition"], int(row["seed"]))] = float(row["env_turns_total"])

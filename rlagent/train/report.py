@@ -45,17 +45,11 @@ def summarize(
     `turns_over_plan` are averaged over the same final updates, `violation_rate_all` over
     every update (violations made while learning).
     """
-    by_condition: dict[str, dict[int, list[Mapping[str, Any]]]] = defaultdict(
-        lambda: defaultdict(list)
-    )
-    for row in rows:
-        by_condition[str(row["condition"])][int(row["seed"])].append(row)
     summary = {}
-    for condition, seeds in by_condition.items():
+    for condition, seeds in _curves(rows).items():
         per_seed = defaultdict(list)
         reached = {p: [] for p in thresholds}
-        for seed_rows in seeds.values():
-            seed_rows = sorted(seed_rows, key=lambda r: r["update"])
+        for seed_rows in seeds:
             tail = seed_rows[-max(1, int(round(len(seed_rows) * final_fraction))) :]
             for key in ("success", "violation_rate", "turns", "turns_over_plan", "process_score"):
                 per_seed[key].append(float(np.mean([r[key] for r in tail])))
@@ -116,12 +110,8 @@ def plot_curves(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    grouped: dict[str, dict[int, list[Mapping[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for row in rows:
-        grouped[str(row["condition"])][int(row["seed"])].append(row)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for condition, seeds in grouped.items():
-        curves = [sorted(r, key=lambda x: x["update"]) for r in seeds.values()]
+    for condition, curves in _curves(rows).items():
         length = min(len(c) for c in curves)
         values = np.array([[r[metric] for r in c[:length]] for c in curves])
         values = _moving_average(values, smooth)
@@ -148,6 +138,17 @@ def write_summary(
         f.write(preface + markdown_table(summary))
     with open(json_path, "w") as f:
         json.dump(summary, f, indent=2)
+
+
+def _curves(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[list[Mapping[str, Any]]]]:
+    """Rows grouped by condition, then by seed; each seed's rows sorted by update."""
+    grouped: dict[str, dict[int, list[Mapping[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        grouped[str(row["condition"])][int(row["seed"])].append(row)
+    return {
+        condition: [sorted(r, key=lambda x: x["update"]) for r in seeds.values()]
+        for condition, seeds in grouped.items()
+    }
 
 
 def _moving_average(values: np.ndarray, window: int) -> np.ndarray:

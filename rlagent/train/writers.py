@@ -33,17 +33,21 @@ class MetricWriter:
     def truncate(self, after_update: int) -> list[dict[str, float]]:
         """Keeps rows with `update <= after_update`; returns them."""
         rows = [row for row in self.read() if row["update"] <= after_update]
-        if os.path.exists(self.path):
-            os.remove(self.path)
+        self.clear()
         self.write(rows, tensorboard=False)
         return rows
+
+    def clear(self) -> None:
+        """Starts the CSV afresh (TensorBoard events are append-only and stay)."""
+        if os.path.exists(self.path):
+            os.remove(self.path)
 
     def write(self, rows: Iterable[Mapping[str, float]], *, tensorboard: bool = True) -> None:
         rows = list(rows)
         if not rows:
             return
         exists = os.path.exists(self.path)
-        fields = list(rows[0])
+        fields = list(dict.fromkeys(key for row in rows for key in row))
         with open(self.path, "a", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=fields)
             if not exists:
