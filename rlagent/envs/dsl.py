@@ -40,16 +40,16 @@ NUM_STATUSES = 3
 _SPECIAL = ("PAD", "END", "CALL", "SAY", "BYE", "USER", "TOOL")
 _TOOLS = ("lookup_order", "cancel_order", "change_address", "refund", "check_stock", "exchange")
 _TEMPLATES = ("status", "cannot", "no_stock", "decline")
-_USER_WORDS = (
+# The user's word for each task kind, in the order of `toolworld.KIND_NAMES`.
+INTENT_WORDS = (
     "want_address",
     "want_cancel",
     "ask_status",
     "want_refund",
     "want_exchange",
     "off_topic",
-    "thanks",
-    "goodbye",
 )
+_USER_WORDS = INTENT_WORDS + ("thanks", "goodbye")
 _TOOL_WORDS = ("order", "ok", "error", "blocked", "stock", "in_stock", "out_of_stock")
 _STATUSES = ("processing", "shipped", "delivered")
 

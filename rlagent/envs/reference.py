@@ -203,11 +203,7 @@ class ReferenceToolWorld:
             final = (dsl.SAY_STATUS, task_order, state.status[task_order])
             grounded = state.looked_up[task_order]
         elif kind == tw.REFUND_KIND:
-            refundable = (
-                state.status[task_order] == dsl.DELIVERED
-                and not state.refunded[task_order]
-                and state.amount[task_order] <= cfg.refund_limit
-            )
+            refundable = self._refundable(state, task_order)
             final = (dsl.REFUND if refundable else dsl.SAY_CANNOT, task_order, 0)
             grounded = state.looked_up[task_order]
         elif kind == tw.EXCHANGE_KIND:
@@ -396,12 +392,7 @@ class ReferenceToolWorld:
         elif kind == tw.STATUS_KIND:
             command = (dsl.SAY_STATUS, order, state.status[order])
         elif kind == tw.REFUND_KIND:
-            refundable = (
-                state.status[order] == dsl.DELIVERED
-                and not state.refunded[order]
-                and state.amount[order] <= cfg.refund_limit
-            )
-            command = (dsl.REFUND if refundable else dsl.SAY_CANNOT, order, 0)
+            command = (dsl.REFUND if self._refundable(state, order) else dsl.SAY_CANNOT, order, 0)
         elif not state.stock_checked[item]:
             command = (dsl.CHECK_STOCK, item, 0)
         elif state.in_stock[item]:
@@ -409,6 +400,14 @@ class ReferenceToolWorld:
         else:
             command = (dsl.SAY_NO_STOCK, item, 0)
         return self.encode(*command)
+
+    def _refundable(self, state: RefState, order: int) -> bool:
+        """A refund is the right final step: delivered, not refunded, amount within limit."""
+        return (
+            state.status[order] == dsl.DELIVERED
+            and not state.refunded[order]
+            and state.amount[order] <= self.config.refund_limit
+        )
 
     def encode(self, command: int, arg1: int = 0, arg2: int = 0) -> list:
         """Tokens of one command padded to turn_len (pure Python)."""

@@ -68,17 +68,7 @@ KIND_NAMES = ("change_address", "cancel", "status", "refund", "exchange", "off_t
 ADDRESS_KIND, CANCEL_KIND, STATUS_KIND, REFUND_KIND, EXCHANGE_KIND, OFF_TOPIC_KIND = range(6)
 # Turns of the shortest correct handling of each task kind.
 KIND_COST = (1, 1, 2, 2, 3, 1)
-KIND_USER_WORD = tuple(
-    dsl.token(w)
-    for w in (
-        "want_address",
-        "want_cancel",
-        "ask_status",
-        "want_refund",
-        "want_exchange",
-        "off_topic",
-    )
-)
+KIND_USER_WORD = tuple(dsl.token(w) for w in dsl.INTENT_WORDS)
 LEVEL_KINDS = {
     1: ("change_address", "cancel"),
     2: ("status", "refund"),
