@@ -13,10 +13,10 @@ from typing import Any
 
 from rlagent.losses import AGG_MODES
 from rlagent.losses import KL_KINDS
-from rlagent.train import estimators
+from rlagent.train.estimators import ESTIMATORS as ESTIMATOR_TABLE
 
 # Estimator names, in the order of the table they come from (`rlagent.train.estimators`).
-ESTIMATORS = tuple(estimators.ESTIMATORS)
+ESTIMATORS = tuple(ESTIMATOR_TABLE)
 REWARDS = (
     "outcome",  # sparse: 1 on the final turn if the task is solved without a violation.
     "process",  # dense: the oracle process verdict (+1 / 0 / -1) of every turn.
@@ -83,7 +83,7 @@ class TrainConfig:
                 f"num_groups * group_size = {self.batch_size} episodes must divide into "
                 f"num_minibatches = {self.num_minibatches} equal minibatches."
             )
-        if estimators.ESTIMATORS[self.estimator].grouped and self.group_size < 2:
+        if ESTIMATOR_TABLE[self.estimator].grouped and self.group_size < 2:
             raise ValueError(f"estimator={self.estimator!r} needs group_size >= 2.")
         if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.lam <= 1.0:
             raise ValueError(f"gamma and lam must lie in [0, 1], got {self.gamma}, {self.lam}.")
@@ -101,7 +101,7 @@ class TrainConfig:
 
     @property
     def uses_critic(self) -> bool:
-        return estimators.ESTIMATORS[self.estimator].uses_critic
+        return ESTIMATOR_TABLE[self.estimator].uses_critic
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> TrainConfig:

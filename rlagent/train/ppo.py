@@ -13,6 +13,7 @@ With a `jax.sharding.Mesh`, the episodes of every batch are laid along its data 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 from typing import NamedTuple
@@ -74,22 +75,23 @@ def make_train(
     mesh: jax.sharding.Mesh | None = None,
     data_axis: str = "data",
 ) -> Trainer:
-    """Builds the pure PPO training functions for `env` and a `Policy(policy_config)`."""
+    """Builds the pure PPO training functions for `env` and a `Policy(policy_config)`.
+
+    Longer than most functions here on purpose: `init`, `update` and `train` are closures
+    over the same rollout, score and optimiser, and `update` reads top-down as one PPO
+    iteration (rollout, rewards, KL, advantages, optimisation, metrics); the loss and the
+    minibatch loop live in `_ppo_loss` and `_optimise`.
+    """
     abstract = nnx.eval_shape(lambda: Policy(policy_config, rngs=nnx.Rngs(0)))
     graphdef, _ = nnx.split(abstract)
     rollout = make_rollout(env, graphdef, rollout_config)
     score = make_score(env, graphdef, rollout_config)
     optimizer = _make_optimizer(config)
     batch_size = config.batch_size
-    minibatch_size = batch_size // config.num_minibatches
     needs_ref = config.kl_placement != "none"
     default_weights = reward_weights(config)
 
-    def shard(tree):
-        if mesh is None:
-            return tree
-        spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(data_axis))
-        return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, spec), tree)
+    shard = _sharder(mesh, data_axis)
 
     def init(key: jax.Array, reward_weights: jax.Array | None = None) -> RunnerState:
         """A fresh run; `reward_weights [C]` default to those of `config.reward`."""
@@ -137,29 +139,11 @@ def make_train(
         advantages, value_targets = estimate_advantages(trajectory, rewards, kl_reward, config)
         batch = _Batch(trajectory, advantages, value_targets, ref_logp)
 
-        def epoch(carry, epoch_key):
-            params, opt_state = carry
-            order = jax.random.permutation(epoch_key, batch_size)
-            minibatches = jax.tree.map(
-                lambda x: x[order].reshape(config.num_minibatches, minibatch_size, *x.shape[1:]),
-                batch,
-            )
-            (params, opt_state), stats = jax.lax.scan(
-                minibatch_step, (params, opt_state), minibatches
-            )
-            return (params, opt_state), stats
-
-        def minibatch_step(carry, minibatch):
-            params, opt_state = carry
-            grads, stats = jax.grad(_loss, has_aux=True)(params, minibatch, state.kl_coef)
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            params = optax.apply_updates(params, updates)
-            stats["grad_norm"] = optax.tree_utils.tree_norm(grads)
-            return (params, opt_state), stats
-
-        (params, opt_state), stats = jax.lax.scan(
-            epoch, (state.params, state.opt_state), jax.random.split(shuffle_key, config.num_epochs)
-        )
+        (params, opt_state), stats = _optimise(
+            state.params, state.opt_state, batch, shuffle_key, state.kl_coef,
+            loss=functools.partial(_ppo_loss, score=score, config=config),
+            optimizer=optimizer, config=config,
+        )  # fmt: skip
         stats = jax.tree.map(jnp.mean, stats)
         kl_now = jnp.sum(kl_tokens) / jnp.maximum(jnp.sum(loss_mask), 1)
         kl_coef = _adapt_kl_coef(state.kl_coef, kl_now, config)
@@ -175,53 +159,110 @@ def make_train(
         )
         return new_state, metrics
 
-    def _loss(params, minibatch: _Batch, kl_coef):
-        trajectory = minibatch.trajectory
-        mask = action_rows(trajectory.loss_mask)
-        logp, values, token_entropy = score(params, trajectory)
-        policy_loss, policy_stats = losses.ppo_policy_loss(
-            action_rows(logp),
-            action_rows(trajectory.logp),
-            action_rows(minibatch.advantages),
-            mask,
-            clip_low=config.clip_low,
-            clip_high=config.clip_high,
-            dual_clip=config.dual_clip,
-            agg=config.agg,
-        )
-        entropy = losses.aggregate(action_rows(token_entropy), mask, config.agg)
-        total = policy_loss - config.entropy_coef * entropy
-        stats = {
-            "policy_loss": policy_loss,
-            "entropy": entropy,
-            "clip_fraction": policy_stats.clip_fraction,
-            "approx_kl": policy_stats.approx_kl,
-        }
-        if config.uses_critic:
-            value_loss = losses.value_loss(
-                action_rows(values),
-                action_rows(trajectory.values),
-                action_rows(minibatch.value_targets),
-                mask,
-                clip=config.value_clip,
-                agg=config.agg,
-            )
-            total = total + config.value_coef * value_loss
-            stats["value_loss"] = value_loss
-        if config.kl_placement == "loss":
-            kl = losses.kl_penalty(
-                action_rows(logp), action_rows(minibatch.ref_logp), kind=config.kl_kind
-            )
-            kl_loss = losses.aggregate(kl, mask, config.agg)
-            total = total + kl_coef * kl_loss
-            stats["kl_loss"] = kl_loss
-        return total, stats
-
     def train(key: jax.Array) -> tuple[RunnerState, Metrics]:
         state = init(key)
         return jax.lax.scan(lambda s, _: update(s), state, None, length=config.num_updates)
 
     return Trainer(init=init, update=update, train=train, rollout=rollout, graphdef=graphdef)
+
+
+def _sharder(mesh: jax.sharding.Mesh | None, data_axis: str) -> Callable[[Any], Any]:
+    """Lays the leading (episode) axis of every leaf along `data_axis` (identity without mesh)."""
+
+    def shard(tree):
+        if mesh is None:
+            return tree
+        spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(data_axis))
+        return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, spec), tree)
+
+    return shard
+
+
+def _optimise(
+    params: nnx.State,
+    opt_state: Any,
+    batch: _Batch,
+    key: jax.Array,
+    kl_coef: jax.Array,
+    *,
+    loss: Callable[[nnx.State, _Batch, jax.Array], tuple[jax.Array, Metrics]],
+    optimizer: optax.GradientTransformation,
+    config: TrainConfig,
+) -> tuple[tuple[nnx.State, Any], Metrics]:
+    """`config.num_epochs` passes over shuffled minibatches; per-step stats stacked."""
+    batch_size = config.batch_size
+    minibatch_size = batch_size // config.num_minibatches
+
+    def epoch(carry, epoch_key):
+        params, opt_state = carry
+        order = jax.random.permutation(epoch_key, batch_size)
+        minibatches = jax.tree.map(
+            lambda x: x[order].reshape(config.num_minibatches, minibatch_size, *x.shape[1:]),
+            batch,
+        )
+        (params, opt_state), stats = jax.lax.scan(minibatch_step, (params, opt_state), minibatches)
+        return (params, opt_state), stats
+
+    def minibatch_step(carry, minibatch):
+        params, opt_state = carry
+        grads, stats = jax.grad(loss, has_aux=True)(params, minibatch, kl_coef)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        stats["grad_norm"] = optax.tree_utils.tree_norm(grads)
+        return (params, opt_state), stats
+
+    return jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, config.num_epochs))
+
+
+def _ppo_loss(
+    params: nnx.State,
+    minibatch: _Batch,
+    kl_coef: jax.Array,
+    *,
+    score: Callable[[nnx.State, Trajectory], tuple[jax.Array, jax.Array, jax.Array]],
+    config: TrainConfig,
+) -> tuple[jax.Array, Metrics]:
+    """Clipped policy loss - entropy bonus (+ value loss, + KL loss) of one minibatch."""
+    trajectory = minibatch.trajectory
+    mask = action_rows(trajectory.loss_mask)
+    logp, values, token_entropy = score(params, trajectory)
+    policy_loss, policy_stats = losses.ppo_policy_loss(
+        action_rows(logp),
+        action_rows(trajectory.logp),
+        action_rows(minibatch.advantages),
+        mask,
+        clip_low=config.clip_low,
+        clip_high=config.clip_high,
+        dual_clip=config.dual_clip,
+        agg=config.agg,
+    )
+    entropy = losses.aggregate(action_rows(token_entropy), mask, config.agg)
+    total = policy_loss - config.entropy_coef * entropy
+    stats = {
+        "policy_loss": policy_loss,
+        "entropy": entropy,
+        "clip_fraction": policy_stats.clip_fraction,
+        "approx_kl": policy_stats.approx_kl,
+    }
+    if config.uses_critic:
+        value_loss = losses.value_loss(
+            action_rows(values),
+            action_rows(trajectory.values),
+            action_rows(minibatch.value_targets),
+            mask,
+            clip=config.value_clip,
+            agg=config.agg,
+        )
+        total = total + config.value_coef * value_loss
+        stats["value_loss"] = value_loss
+    if config.kl_placement == "loss":
+        kl = losses.kl_penalty(
+            action_rows(logp), action_rows(minibatch.ref_logp), kind=config.kl_kind
+        )
+        kl_loss = losses.aggregate(kl, mask, config.agg)
+        total = total + kl_coef * kl_loss
+        stats["kl_loss"] = kl_loss
+    return total, stats
 
 
 def episode_metrics(trajectory: Trajectory) -> Metrics:
