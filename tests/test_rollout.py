@@ -69,7 +69,7 @@ def case(request, tiny_policy_config):
 def test_score_matches_rollout(case):
     traj = case["traj"]
     logp, values, entropy = case["score"](case["params"], traj)
-    played = np.asarraytraj.loss_mask
+    played = np.asarray(traj.loss_mask)
     assert played.sum() > 0
     np.testing.assert_allclose(np.where(played, logp, 0), traj.logp, atol=1e-5)
     np.testing.assert_allclose(np.where(played, values, 0), traj.values, atol=1e-5)
