@@ -133,9 +133,7 @@ def make_rollout(
     """
     reset = jax.vmap(env.reset)
     step = jax.vmap(env.step)
-    allowed_fn = jax.vmap(
-        functools.partial(env.allowed_tokens, rules=config.rules), in_axes=(0, 0, None)
-    )
+    allowed_fn = jax.vmap(env.allowed_tokens, in_axes=(0, 0, None))
 
     def rollout(params: nnx.State, env_keys: jax.Array, policy_keys: jax.Array) -> Trajectory:
         policy = _merge(graphdef, params)
@@ -188,7 +186,7 @@ def make_rollout(
                 )
                 new_memory.append(_Memory(memory[1].summary, critic_cache))
             state, ts = step(state, action)
-            extras = ts.extras
+            signals = ts.signals
             last = ts.step_type == StepType.LAST
             outputs = dict(
                 obs_tokens=obs.tokens,
@@ -198,10 +196,10 @@ def make_rollout(
                 logp=jnp.where(live & alive[:, None], logp, 0.0),
                 values=jnp.where(live & alive[:, None], values, 0.0),
                 turn_mask=alive,
-                outcome=jnp.where(alive, extras["outcome"].astype(jnp.float32), 0.0),
-                verdict=jnp.where(alive, extras["verdict"].astype(jnp.float32), 0.0),
-                efficiency=jnp.where(alive, extras["efficiency"].astype(jnp.float32), 0.0),
-                violations=jnp.where(alive, extras["violations"].astype(jnp.int32), 0),
+                outcome=jnp.where(alive, signals.outcome.astype(jnp.float32), 0.0),
+                verdict=jnp.where(alive, signals.verdict.astype(jnp.float32), 0.0),
+                efficiency=jnp.where(alive, signals.efficiency.astype(jnp.float32), 0.0),
+                violations=jnp.where(alive, signals.violations.astype(jnp.int32), 0),
                 done=alive & last & (ts.discount == 0),
             )
             if config.constrained:

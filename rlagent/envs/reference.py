@@ -15,9 +15,15 @@ import random
 import numpy as np
 
 from rlagent.envs import dsl
-from rlagent.envs import toolworld as tw
+from rlagent.envs.config import KIND_COST
+from rlagent.envs.config import ToolWorldConfig
+from rlagent.envs.dsl import Command
 from rlagent.envs.guardrail import NUM_RULES
-from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.envs.guardrail import Rule
+from rlagent.envs.types import Progress
+from rlagent.envs.types import Signals
+from rlagent.envs.types import StepType
+from rlagent.envs.types import TaskKind
 
 _THANKS = [dsl.USER, dsl.token("thanks")]
 _GOODBYE = [dsl.USER, dsl.token("goodbye")]
@@ -56,7 +62,7 @@ class RefTimeStep:
     discount: float
     obs: list
     progress: list
-    extras: dict
+    signals: Signals  # with Python scalars, and a list of R bools for violation_flags.
 
 
 class ReferenceToolWorld:
@@ -74,15 +80,15 @@ class ReferenceToolWorld:
         bases = {"ORDER": dsl.ORDER_0, "ITEM": dsl.ITEM_0, "ADDR": dsl.ADDR_0}
         bases["STATUS"] = dsl.STATUS_0
         # Per command: the token pattern as (literal or None, class base, class size).
-        self._patterns = []
-        for pattern in dsl.COMMAND_PATTERNS:
+        self._patterns = {}
+        for command, pattern in dsl.COMMAND_PATTERNS.items():
             slots = []
             for slot in pattern:
                 if isinstance(slot, str):
                     slots.append((None, bases[slot], sizes[slot]))
                 else:
                     slots.append((slot, 0, 0))
-            self._patterns.append(slots)
+            self._patterns[command] = slots
 
     # Episode start ---------------------------------------------------------------------
     def load(self, state) -> RefState:
@@ -103,15 +109,15 @@ class ReferenceToolWorld:
         amount = [rng.randrange(dsl.NUM_AMOUNTS) for _ in range(n)]
         in_stock = [rng.random() < 0.5 for _ in range(i)]
         kinds = [rng.choice(cfg.kind_ids) for _ in range(cfg.num_intents)]
-        kinds += [tw.OFF_TOPIC_KIND] * cfg.num_distractors
+        kinds += [TaskKind.OFF_TOPIC] * cfg.num_distractors
         rng.shuffle(kinds)
         orders = rng.sample(range(n), cfg.num_tasks)
         free_items = rng.sample(range(i), i)
         task_address = []
         for kind, order in zip(kinds, orders, strict=True):
-            if kind in (tw.ADDRESS_KIND, tw.CANCEL_KIND):
+            if kind in (TaskKind.CHANGE_ADDRESS, TaskKind.CANCEL):
                 status[order] = dsl.PROCESSING
-            elif kind == tw.REFUND_KIND:
+            elif kind == TaskKind.REFUND:
                 if rng.random() < 0.5:
                     status[order] = dsl.DELIVERED
                     amount[order] = rng.randrange(cfg.refund_limit + 1)
@@ -120,12 +126,12 @@ class ReferenceToolWorld:
                 else:
                     status[order] = dsl.DELIVERED
                     amount[order] = rng.randrange(cfg.refund_limit + 1, dsl.NUM_AMOUNTS)
-            elif kind == tw.EXCHANGE_KIND:
+            elif kind == TaskKind.EXCHANGE:
                 status[order] = dsl.DELIVERED
                 item[order] = free_items.pop()
                 in_stock[item[order]] = rng.random() < 0.5
             task_address.append((address[order] + rng.randrange(1, a)) % a)
-        progress = [tw.PENDING] + [tw.ABSENT] * (cfg.num_tasks - 1)
+        progress = [Progress.PENDING] + [Progress.ABSENT] * (cfg.num_tasks - 1)
         return RefState(
             item=item,
             status=status,
@@ -145,7 +151,7 @@ class ReferenceToolWorld:
             turn=0,
             violated=False,
             correct_answers=0,
-            shortest_plan=1 + sum(tw.KIND_COST[k] for k in kinds),
+            shortest_plan=1 + sum(KIND_COST[k] for k in kinds),
             terminated=False,
             truncated=False,
             obs=self._user_message(kinds[0], orders[0], task_address[0]),
@@ -154,7 +160,7 @@ class ReferenceToolWorld:
     # Dynamics --------------------------------------------------------------------------
     def parse(self, action) -> tuple[int, int, int]:
         """`(command, arg1, arg2)`, or `(MALFORMED, 0, 0)`."""
-        for command, slots in enumerate(self._patterns):
+        for command, slots in self._patterns.items():
             args = []
             ok = True
             for j, token in enumerate(action):
@@ -172,19 +178,19 @@ class ReferenceToolWorld:
             if ok:
                 args += [0, 0]
                 return command, args[0], args[1]
-        return dsl.MALFORMED, 0, 0
+        return Command.MALFORMED, 0, 0
 
     def step(self, state: RefState, action) -> tuple[RefState, RefTimeStep]:
         """Plays one turn in place; returns the (same, updated) state and its timestep."""
         cfg = self.config
         if state.terminated or state.truncated:
             return state, RefTimeStep(
-                step_type=tw.StepType.LAST,
+                step_type=StepType.LAST,
                 reward=0.0,
                 discount=0.0 if state.terminated else 1.0,
                 obs=list(state.obs),
                 progress=list(state.progress),
-                extras=_zero_extras(),
+                signals=_zero_signals(),
             )
         command, arg1, arg2 = self.parse([int(t) for t in action])
         num_tasks = cfg.num_tasks
@@ -195,51 +201,53 @@ class ReferenceToolWorld:
         task_item = state.item[task_order]
 
         # The correct final step of the open task, and whether its facts were observed.
-        if kind == tw.ADDRESS_KIND:
-            final, grounded = (dsl.CHANGE_ADDRESS, task_order, state.task_address[task]), True
-        elif kind == tw.CANCEL_KIND:
-            final, grounded = (dsl.CANCEL, task_order, 0), True
-        elif kind == tw.STATUS_KIND:
-            final = (dsl.SAY_STATUS, task_order, state.status[task_order])
+        if kind == TaskKind.CHANGE_ADDRESS:
+            final, grounded = (Command.CHANGE_ADDRESS, task_order, state.task_address[task]), True
+        elif kind == TaskKind.CANCEL:
+            final, grounded = (Command.CANCEL_ORDER, task_order, 0), True
+        elif kind == TaskKind.STATUS:
+            final = (Command.SAY_STATUS, task_order, state.status[task_order])
             grounded = state.looked_up[task_order]
-        elif kind == tw.REFUND_KIND:
+        elif kind == TaskKind.REFUND:
             refundable = self._refundable(state, task_order)
-            final = (dsl.REFUND if refundable else dsl.SAY_CANNOT, task_order, 0)
+            final = (Command.REFUND if refundable else Command.SAY_CANNOT, task_order, 0)
             grounded = state.looked_up[task_order]
-        elif kind == tw.EXCHANGE_KIND:
+        elif kind == TaskKind.EXCHANGE:
             if state.in_stock[task_item]:
-                final = (dsl.EXCHANGE, task_order, task_item)
+                final = (Command.EXCHANGE, task_order, task_item)
             else:
-                final = (dsl.SAY_NO_STOCK, task_item, 0)
+                final = (Command.SAY_NO_STOCK, task_item, 0)
             grounded = state.looked_up[task_order] and state.stock_checked[task_item]
         else:
-            final, grounded = (dsl.SAY_DECLINE, 0, 0), True
+            final, grounded = (Command.SAY_DECLINE, 0, 0), True
 
         # Guardrail rules, on the state before the call.
         flags = [False] * NUM_RULES
-        if command == dsl.REFUND:
-            flags[0] = not state.looked_up[arg1]
-            flags[1] = state.status[arg1] != dsl.DELIVERED or state.refunded[arg1]
-            flags[3] = state.amount[arg1] > cfg.refund_limit
-        if command in (dsl.CANCEL, dsl.CHANGE_ADDRESS):
-            flags[2] = state.status[arg1] != dsl.PROCESSING
+        if command == Command.REFUND:
+            flags[Rule.REFUND_UNVERIFIED] = not state.looked_up[arg1]
+            flags[Rule.REFUND_INELIGIBLE] = (
+                state.status[arg1] != dsl.DELIVERED or state.refunded[arg1]
+            )
+            flags[Rule.AMOUNT_OVER_LIMIT] = state.amount[arg1] > cfg.refund_limit
+        if command in (Command.CANCEL_ORDER, Command.CHANGE_ADDRESS):
+            flags[Rule.CHANGE_AFTER_SHIPPING] = state.status[arg1] != dsl.PROCESSING
         violation = any(flags)
         blocked = violation and cfg.guardrail == "penalise"
 
         # The tool call.
         call_ok = False
-        if command in (dsl.CANCEL, dsl.CHANGE_ADDRESS):
+        if command in (Command.CANCEL_ORDER, Command.CHANGE_ADDRESS):
             call_ok = state.status[arg1] == dsl.PROCESSING and not state.cancelled[arg1]
-        elif command == dsl.REFUND:
+        elif command == Command.REFUND:
             call_ok = state.status[arg1] == dsl.DELIVERED and not state.refunded[arg1]
-        elif command == dsl.EXCHANGE:
+        elif command == Command.EXCHANGE:
             call_ok = (
                 state.status[arg1] == dsl.DELIVERED
                 and not state.exchanged[arg1]
                 and state.in_stock[arg2]
                 and state.item[arg1] == arg2
             )
-        if command == dsl.LOOKUP:
+        if command == Command.LOOKUP_ORDER:
             tool_return = [
                 dsl.TOOL,
                 dsl.token("order"),
@@ -252,12 +260,12 @@ class ReferenceToolWorld:
         elif command in dsl.WORLD_COMMANDS:
             word = "ok" if call_ok else "error"
             tool_return = [dsl.TOOL, dsl.token(word), dsl.ORDER_0 + arg1]
-        elif command == dsl.CHECK_STOCK:
+        elif command == Command.CHECK_STOCK:
             word = "in_stock" if state.in_stock[arg1] else "out_of_stock"
             tool_return = [dsl.TOOL, dsl.token("stock"), dsl.ITEM_0 + arg1, dsl.token(word)]
         elif command in dsl.SAY_COMMANDS:
             tool_return = list(_THANKS)
-        elif command == dsl.BYE_CMD:
+        elif command == Command.BYE:
             tool_return = list(_GOODBYE)
         else:
             tool_return = [dsl.TOOL, dsl.token("error")]
@@ -265,19 +273,22 @@ class ReferenceToolWorld:
         # Process verdict, before the state changes.
         looked = state.looked_up[task_order]
         checked = state.stock_checked[task_item]
-        nargs = dsl.num_args(command) if command != dsl.MALFORMED else 0
+        nargs = dsl.num_args(command)
         matches = command == final[0] and (nargs < 1 or arg1 == final[1])
         matches = matches and (nargs < 2 or arg2 == final[2])
         settles = active and not blocked and (command in dsl.SAY_COMMANDS or call_ok)
         done = settles and matches and grounded
         task_lookup = (
-            active and kind != tw.OFF_TOPIC_KIND and command == dsl.LOOKUP and arg1 == task_order
+            active
+            and kind != TaskKind.OFF_TOPIC
+            and command == Command.LOOKUP_ORDER
+            and arg1 == task_order
         )
         task_stock = (
             active
-            and kind == tw.EXCHANGE_KIND
+            and kind == TaskKind.EXCHANGE
             and looked
-            and command == dsl.CHECK_STOCK
+            and command == Command.CHECK_STOCK
             and arg1 == task_item
         )
         if violation:
@@ -286,7 +297,7 @@ class ReferenceToolWorld:
             (task_lookup and not looked)
             or (task_stock and not checked)
             or done
-            or (not active and command == dsl.BYE_CMD)
+            or (not active and command == Command.BYE)
         ):
             verdict = 1.0
         elif task_lookup or task_stock:
@@ -296,8 +307,8 @@ class ReferenceToolWorld:
         if (
             active
             and not blocked
-            and kind == tw.STATUS_KIND
-            and command == dsl.SAY_STATUS
+            and kind == TaskKind.STATUS
+            and command == Command.SAY_STATUS
             and arg1 == task_order
             and arg2 == state.status[task_order]
         ):
@@ -305,23 +316,23 @@ class ReferenceToolWorld:
 
         # Effects.
         if call_ok and not blocked:
-            if command == dsl.CANCEL:
+            if command == Command.CANCEL_ORDER:
                 state.cancelled[arg1] = True
-            elif command == dsl.CHANGE_ADDRESS:
+            elif command == Command.CHANGE_ADDRESS:
                 state.address[arg1] = arg2
-            elif command == dsl.REFUND:
+            elif command == Command.REFUND:
                 state.refunded[arg1] = True
-            elif command == dsl.EXCHANGE:
+            elif command == Command.EXCHANGE:
                 state.exchanged[arg1] = True
-        if command == dsl.LOOKUP:
+        if command == Command.LOOKUP_ORDER:
             state.looked_up[arg1] = True
-        if command == dsl.CHECK_STOCK:
+        if command == Command.CHECK_STOCK:
             state.stock_checked[arg1] = True
         if settles:
-            state.progress[task] = tw.DONE if done else tw.FAILED
+            state.progress[task] = Progress.DONE if done else Progress.FAILED
             state.current += 1
             if state.current < num_tasks:
-                state.progress[state.current] = tw.PENDING
+                state.progress[state.current] = Progress.PENDING
                 nxt = state.current
                 obs = self._user_message(
                     state.task_kind[nxt], state.task_order[nxt], state.task_address[nxt]
@@ -336,17 +347,16 @@ class ReferenceToolWorld:
         state.violated = state.violated or violation
         efficiency = -1.0 if state.turn >= state.shortest_plan else 0.0
         state.turn += 1
-        state.terminated = command == dsl.BYE_CMD or blocked
+        state.terminated = command == Command.BYE or blocked
         state.truncated = not state.terminated and state.turn >= cfg.max_turns
         last = state.terminated or state.truncated
         outcome = (
-            command == dsl.BYE_CMD
-            and all(p == tw.DONE for p in state.progress)
+            command == Command.BYE
+            and all(p == Progress.DONE for p in state.progress)
             and not state.violated
         )
         state.obs = obs
-        extras = _zero_extras()
-        extras.update(
+        signals = _zero_signals()._replace(
             outcome=1.0 if (last and outcome) else 0.0,
             success=bool(last and outcome),
             verdict=verdict,
@@ -356,49 +366,55 @@ class ReferenceToolWorld:
             shortest_plan=state.shortest_plan,
         )
         if cfg.scenario == "dialogue" and last:
-            questions = max(sum(k == tw.STATUS_KIND for k in state.task_kind), 1)
-            extras["accuracy"] = state.correct_answers / questions
+            questions = max(sum(k == TaskKind.STATUS for k in state.task_kind), 1)
             pleased = state.correct_answers == questions and state.turn <= state.shortest_plan
-            extras["user_feedback"] = 1.0 if pleased else -1.0
+            signals = signals._replace(
+                accuracy=state.correct_answers / questions,
+                user_feedback=1.0 if pleased else -1.0,
+            )
         if blocked:
             reward = -cfg.penalty
         else:
             reward = 1.0 if outcome else 0.0
         return state, RefTimeStep(
-            step_type=tw.StepType.LAST if last else tw.StepType.MID,
+            step_type=StepType.LAST if last else StepType.MID,
             reward=reward,
             discount=0.0 if state.terminated else 1.0,
             obs=list(obs),
             progress=list(state.progress),
-            extras=extras,
+            signals=signals,
         )
 
     def oracle(self, state: RefState) -> list:
         """Next turn of the shortest correct plan (same plan as `policies.oracle_policy`)."""
         cfg = self.config
         if state.current >= cfg.num_tasks:
-            return self.encode(dsl.BYE_CMD)
+            return self.encode(Command.BYE)
         task = state.current
         kind, order = state.task_kind[task], state.task_order[task]
         item = state.item[order]
-        if kind == tw.ADDRESS_KIND:
-            command = (dsl.CHANGE_ADDRESS, order, state.task_address[task])
-        elif kind == tw.CANCEL_KIND:
-            command = (dsl.CANCEL, order, 0)
-        elif kind == tw.OFF_TOPIC_KIND:
-            command = (dsl.SAY_DECLINE, 0, 0)
+        if kind == TaskKind.CHANGE_ADDRESS:
+            command = (Command.CHANGE_ADDRESS, order, state.task_address[task])
+        elif kind == TaskKind.CANCEL:
+            command = (Command.CANCEL_ORDER, order, 0)
+        elif kind == TaskKind.OFF_TOPIC:
+            command = (Command.SAY_DECLINE, 0, 0)
         elif not state.looked_up[order]:
-            command = (dsl.LOOKUP, order, 0)
-        elif kind == tw.STATUS_KIND:
-            command = (dsl.SAY_STATUS, order, state.status[order])
-        elif kind == tw.REFUND_KIND:
-            command = (dsl.REFUND if self._refundable(state, order) else dsl.SAY_CANNOT, order, 0)
+            command = (Command.LOOKUP_ORDER, order, 0)
+        elif kind == TaskKind.STATUS:
+            command = (Command.SAY_STATUS, order, state.status[order])
+        elif kind == TaskKind.REFUND:
+            command = (
+                Command.REFUND if self._refundable(state, order) else Command.SAY_CANNOT,
+                order,
+                0,
+            )
         elif not state.stock_checked[item]:
-            command = (dsl.CHECK_STOCK, item, 0)
+            command = (Command.CHECK_STOCK, item, 0)
         elif state.in_stock[item]:
-            command = (dsl.EXCHANGE, order, item)
+            command = (Command.EXCHANGE, order, item)
         else:
-            command = (dsl.SAY_NO_STOCK, item, 0)
+            command = (Command.SAY_NO_STOCK, item, 0)
         return self.encode(*command)
 
     def _refundable(self, state: RefState, order: int) -> bool:
@@ -417,10 +433,10 @@ class ReferenceToolWorld:
         return tokens + [dsl.PAD] * (self.config.turn_len - len(tokens))
 
     def _user_message(self, kind, order, address) -> list:
-        tokens = [dsl.USER, tw.KIND_USER_WORD[kind]]
-        if kind != tw.OFF_TOPIC_KIND:
+        tokens = [dsl.USER, dsl.token(dsl.INTENT_WORDS[kind])]
+        if kind != TaskKind.OFF_TOPIC:
             tokens.append(dsl.ORDER_0 + order)
-        if kind == tw.ADDRESS_KIND:
+        if kind == TaskKind.CHANGE_ADDRESS:
             tokens.append(dsl.ADDR_0 + address)
         return self._pad(tokens)
 
@@ -428,15 +444,15 @@ class ReferenceToolWorld:
         return list(tokens) + [dsl.PAD] * (self.config.obs_len - len(tokens))
 
 
-def _zero_extras() -> dict:
-    return {
-        "outcome": 0.0,
-        "success": False,
-        "verdict": 0.0,
-        "efficiency": 0.0,
-        "violations": 0,
-        "violation_flags": [False] * NUM_RULES,
-        "shortest_plan": 0,
-        "accuracy": 0.0,
-        "user_feedback": 0.0,
-    }
+def _zero_signals() -> Signals:
+    return Signals(
+        outcome=0.0,
+        success=False,
+        verdict=0.0,
+        efficiency=0.0,
+        violations=0,
+        violation_flags=[False] * NUM_RULES,
+        shortest_plan=0,
+        accuracy=0.0,
+        user_feedback=0.0,
+    )
