@@ -193,117 +193,23 @@ class ReferenceToolWorld:
                 signals=_zero_signals(),
             )
         command, arg1, arg2 = self.parse([int(t) for t in action])
-        num_tasks = cfg.num_tasks
-        active = state.current < num_tasks
-        task = min(state.current, num_tasks - 1)
-        kind = state.task_kind[task]
-        task_order = state.task_order[task]
-        task_item = state.item[task_order]
-
-        # The correct final step of the open task, and whether its facts were observed.
-        if kind == TaskKind.CHANGE_ADDRESS:
-            final, grounded = (Command.CHANGE_ADDRESS, task_order, state.task_address[task]), True
-        elif kind == TaskKind.CANCEL:
-            final, grounded = (Command.CANCEL_ORDER, task_order, 0), True
-        elif kind == TaskKind.STATUS:
-            final = (Command.SAY_STATUS, task_order, state.status[task_order])
-            grounded = state.looked_up[task_order]
-        elif kind == TaskKind.REFUND:
-            refundable = self._refundable(state, task_order)
-            final = (Command.REFUND if refundable else Command.SAY_CANNOT, task_order, 0)
-            grounded = state.looked_up[task_order]
-        elif kind == TaskKind.EXCHANGE:
-            if state.in_stock[task_item]:
-                final = (Command.EXCHANGE, task_order, task_item)
-            else:
-                final = (Command.SAY_NO_STOCK, task_item, 0)
-            grounded = state.looked_up[task_order] and state.stock_checked[task_item]
-        else:
-            final, grounded = (Command.SAY_DECLINE, 0, 0), True
-
-        # Guardrail rules, on the state before the call.
-        flags = [False] * NUM_RULES
-        if command == Command.REFUND:
-            flags[Rule.REFUND_UNVERIFIED] = not state.looked_up[arg1]
-            flags[Rule.REFUND_INELIGIBLE] = (
-                state.status[arg1] != dsl.DELIVERED or state.refunded[arg1]
-            )
-            flags[Rule.AMOUNT_OVER_LIMIT] = state.amount[arg1] > cfg.refund_limit
-        if command in (Command.CANCEL_ORDER, Command.CHANGE_ADDRESS):
-            flags[Rule.CHANGE_AFTER_SHIPPING] = state.status[arg1] != dsl.PROCESSING
+        active = state.current < cfg.num_tasks
+        task = min(state.current, cfg.num_tasks - 1)
+        final, grounded = self._final_step(state, task)
+        flags = self._broken_rules(state, command, arg1)
         violation = any(flags)
         blocked = violation and cfg.guardrail == "penalise"
+        call_ok = _call_succeeds(state, command, arg1, arg2)
+        tool_return = _tool_return(state, command, arg1, call_ok)
 
-        # The tool call.
-        call_ok = False
-        if command in (Command.CANCEL_ORDER, Command.CHANGE_ADDRESS):
-            call_ok = state.status[arg1] == dsl.PROCESSING and not state.cancelled[arg1]
-        elif command == Command.REFUND:
-            call_ok = state.status[arg1] == dsl.DELIVERED and not state.refunded[arg1]
-        elif command == Command.EXCHANGE:
-            call_ok = (
-                state.status[arg1] == dsl.DELIVERED
-                and not state.exchanged[arg1]
-                and state.in_stock[arg2]
-                and state.item[arg1] == arg2
-            )
-        if command == Command.LOOKUP_ORDER:
-            tool_return = [
-                dsl.TOOL,
-                dsl.token("order"),
-                dsl.ORDER_0 + arg1,
-                dsl.ITEM_0 + state.item[arg1],
-                dsl.STATUS_0 + state.status[arg1],
-                dsl.ADDR_0 + state.address[arg1],
-                dsl.AMT_0 + state.amount[arg1],
-            ]
-        elif command in dsl.WORLD_COMMANDS:
-            word = "ok" if call_ok else "error"
-            tool_return = [dsl.TOOL, dsl.token(word), dsl.ORDER_0 + arg1]
-        elif command == Command.CHECK_STOCK:
-            word = "in_stock" if state.in_stock[arg1] else "out_of_stock"
-            tool_return = [dsl.TOOL, dsl.token("stock"), dsl.ITEM_0 + arg1, dsl.token(word)]
-        elif command in dsl.SAY_COMMANDS:
-            tool_return = list(_THANKS)
-        elif command == Command.BYE:
-            tool_return = list(_GOODBYE)
-        else:
-            tool_return = [dsl.TOOL, dsl.token("error")]
-
-        # Process verdict, before the state changes.
-        looked = state.looked_up[task_order]
-        checked = state.stock_checked[task_item]
+        # Settling and the process verdict, before the state changes.
         nargs = dsl.num_args(command)
         matches = command == final[0] and (nargs < 1 or arg1 == final[1])
         matches = matches and (nargs < 2 or arg2 == final[2])
         settles = active and not blocked and (command in dsl.SAY_COMMANDS or call_ok)
         done = settles and matches and grounded
-        task_lookup = (
-            active
-            and kind != TaskKind.OFF_TOPIC
-            and command == Command.LOOKUP_ORDER
-            and arg1 == task_order
-        )
-        task_stock = (
-            active
-            and kind == TaskKind.EXCHANGE
-            and looked
-            and command == Command.CHECK_STOCK
-            and arg1 == task_item
-        )
-        if violation:
-            verdict = -1.0
-        elif (
-            (task_lookup and not looked)
-            or (task_stock and not checked)
-            or done
-            or (not active and command == Command.BYE)
-        ):
-            verdict = 1.0
-        elif task_lookup or task_stock:
-            verdict = 0.0
-        else:
-            verdict = -1.0
+        verdict = -1.0 if violation else _verdict(state, task, active, done, command, arg1)
+        kind, task_order = state.task_kind[task], state.task_order[task]
         if (
             active
             and not blocked
@@ -314,33 +220,23 @@ class ReferenceToolWorld:
         ):
             state.correct_answers += 1
 
-        # Effects.
         if call_ok and not blocked:
-            if command == Command.CANCEL_ORDER:
-                state.cancelled[arg1] = True
-            elif command == Command.CHANGE_ADDRESS:
-                state.address[arg1] = arg2
-            elif command == Command.REFUND:
-                state.refunded[arg1] = True
-            elif command == Command.EXCHANGE:
-                state.exchanged[arg1] = True
+            _run_call(state, command, arg1, arg2)
         if command == Command.LOOKUP_ORDER:
             state.looked_up[arg1] = True
         if command == Command.CHECK_STOCK:
             state.stock_checked[arg1] = True
+        obs = self._pad(tool_return)
         if settles:
             state.progress[task] = Progress.DONE if done else Progress.FAILED
             state.current += 1
-            if state.current < num_tasks:
+            obs = self._pad(_THANKS)
+            if state.current < cfg.num_tasks:
                 state.progress[state.current] = Progress.PENDING
                 nxt = state.current
                 obs = self._user_message(
                     state.task_kind[nxt], state.task_order[nxt], state.task_address[nxt]
                 )
-            else:
-                obs = self._pad(_THANKS)
-        else:
-            obs = self._pad(tool_return)
         if blocked:
             obs = self._pad([dsl.TOOL, dsl.token("blocked")])
 
@@ -356,22 +252,7 @@ class ReferenceToolWorld:
             and not state.violated
         )
         state.obs = obs
-        signals = _zero_signals()._replace(
-            outcome=1.0 if (last and outcome) else 0.0,
-            success=bool(last and outcome),
-            verdict=verdict,
-            efficiency=efficiency,
-            violations=sum(flags),
-            violation_flags=flags,
-            shortest_plan=state.shortest_plan,
-        )
-        if cfg.scenario == "dialogue" and last:
-            questions = max(sum(k == TaskKind.STATUS for k in state.task_kind), 1)
-            pleased = state.correct_answers == questions and state.turn <= state.shortest_plan
-            signals = signals._replace(
-                accuracy=state.correct_answers / questions,
-                user_feedback=1.0 if pleased else -1.0,
-            )
+        signals = self._signals(state, last, outcome, verdict, efficiency, flags)
         if blocked:
             reward = -cfg.penalty
         else:
@@ -384,6 +265,60 @@ class ReferenceToolWorld:
             progress=list(state.progress),
             signals=signals,
         )
+
+    def _final_step(self, state: RefState, task: int) -> tuple[tuple[int, int, int], bool]:
+        """The correct final step of task `task`, and whether its facts were observed."""
+        kind, order = state.task_kind[task], state.task_order[task]
+        item = state.item[order]
+        if kind == TaskKind.CHANGE_ADDRESS:
+            return (Command.CHANGE_ADDRESS, order, state.task_address[task]), True
+        if kind == TaskKind.CANCEL:
+            return (Command.CANCEL_ORDER, order, 0), True
+        if kind == TaskKind.STATUS:
+            return (Command.SAY_STATUS, order, state.status[order]), state.looked_up[order]
+        if kind == TaskKind.REFUND:
+            refund = Command.REFUND if self._refundable(state, order) else Command.SAY_CANNOT
+            return (refund, order, 0), state.looked_up[order]
+        if kind == TaskKind.EXCHANGE:
+            if state.in_stock[item]:
+                final = (Command.EXCHANGE, order, item)
+            else:
+                final = (Command.SAY_NO_STOCK, item, 0)
+            return final, state.looked_up[order] and state.stock_checked[item]
+        return (Command.SAY_DECLINE, 0, 0), True
+
+    def _broken_rules(self, state: RefState, command: int, order: int) -> list:
+        """Guardrail flags (`[R]` bools) of calling `command` on `order`, before the call."""
+        flags = [False] * NUM_RULES
+        if command == Command.REFUND:
+            flags[Rule.REFUND_UNVERIFIED] = not state.looked_up[order]
+            flags[Rule.REFUND_INELIGIBLE] = (
+                state.status[order] != dsl.DELIVERED or state.refunded[order]
+            )
+            flags[Rule.AMOUNT_OVER_LIMIT] = state.amount[order] > self.config.refund_limit
+        if command in (Command.CANCEL_ORDER, Command.CHANGE_ADDRESS):
+            flags[Rule.CHANGE_AFTER_SHIPPING] = state.status[order] != dsl.PROCESSING
+        return flags
+
+    def _signals(self, state, last, outcome, verdict, efficiency, flags) -> Signals:
+        """Signals of a played turn (`state` is the state after it)."""
+        signals = _zero_signals()._replace(
+            outcome=1.0 if (last and outcome) else 0.0,
+            success=bool(last and outcome),
+            verdict=verdict,
+            efficiency=efficiency,
+            violations=sum(flags),
+            violation_flags=flags,
+            shortest_plan=state.shortest_plan,
+        )
+        if self.config.scenario == "dialogue" and last:
+            questions = max(sum(k == TaskKind.STATUS for k in state.task_kind), 1)
+            pleased = state.correct_answers == questions and state.turn <= state.shortest_plan
+            signals = signals._replace(
+                accuracy=state.correct_answers / questions,
+                user_feedback=1.0 if pleased else -1.0,
+            )
+        return signals
 
     def oracle(self, state: RefState) -> list:
         """Next turn of the shortest correct plan (same plan as `policies.oracle_policy`)."""
@@ -442,6 +377,85 @@ class ReferenceToolWorld:
 
     def _pad(self, tokens) -> list:
         return list(tokens) + [dsl.PAD] * (self.config.obs_len - len(tokens))
+
+
+def _call_succeeds(state: RefState, command: int, arg1: int, arg2: int) -> bool:
+    """A world-changing call succeeds (decided on the state before the turn)."""
+    if command in (Command.CANCEL_ORDER, Command.CHANGE_ADDRESS):
+        return state.status[arg1] == dsl.PROCESSING and not state.cancelled[arg1]
+    if command == Command.REFUND:
+        return state.status[arg1] == dsl.DELIVERED and not state.refunded[arg1]
+    if command == Command.EXCHANGE:
+        return (
+            state.status[arg1] == dsl.DELIVERED
+            and not state.exchanged[arg1]
+            and state.in_stock[arg2]
+            and state.item[arg1] == arg2
+        )
+    return False
+
+
+def _run_call(state: RefState, command: int, arg1: int, arg2: int) -> None:
+    """The effect of a successful, unblocked world call."""
+    if command == Command.CANCEL_ORDER:
+        state.cancelled[arg1] = True
+    elif command == Command.CHANGE_ADDRESS:
+        state.address[arg1] = arg2
+    elif command == Command.REFUND:
+        state.refunded[arg1] = True
+    elif command == Command.EXCHANGE:
+        state.exchanged[arg1] = True
+
+
+def _tool_return(state: RefState, command: int, arg1: int, call_ok: bool) -> list:
+    """Tokens (unpadded) the agent reads after a turn that settles no task."""
+    if command == Command.LOOKUP_ORDER:
+        return [
+            dsl.TOOL,
+            dsl.token("order"),
+            dsl.ORDER_0 + arg1,
+            dsl.ITEM_0 + state.item[arg1],
+            dsl.STATUS_0 + state.status[arg1],
+            dsl.ADDR_0 + state.address[arg1],
+            dsl.AMT_0 + state.amount[arg1],
+        ]
+    if command in dsl.WORLD_COMMANDS:
+        return [dsl.TOOL, dsl.token("ok" if call_ok else "error"), dsl.ORDER_0 + arg1]
+    if command == Command.CHECK_STOCK:
+        word = "in_stock" if state.in_stock[arg1] else "out_of_stock"
+        return [dsl.TOOL, dsl.token("stock"), dsl.ITEM_0 + arg1, dsl.token(word)]
+    if command in dsl.SAY_COMMANDS:
+        return list(_THANKS)
+    if command == Command.BYE:
+        return list(_GOODBYE)
+    return [dsl.TOOL, dsl.token("error")]
+
+
+def _verdict(state: RefState, task: int, active: bool, done: bool, command: int, arg1: int):
+    """Process verdict of a turn that broke no rule: 1.0 useful, 0.0 redundant, else -1.0."""
+    kind, order = state.task_kind[task], state.task_order[task]
+    item = state.item[order]
+    looked, checked = state.looked_up[order], state.stock_checked[item]
+    task_lookup = (
+        active and kind != TaskKind.OFF_TOPIC and command == Command.LOOKUP_ORDER and arg1 == order
+    )
+    task_stock = (
+        active
+        and kind == TaskKind.EXCHANGE
+        and looked
+        and command == Command.CHECK_STOCK
+        and arg1 == item
+    )
+    if (
+        (task_lookup and not looked)
+        or (task_stock and not checked)
+        or done
+        or (not active and command == Command.BYE)
+    ):
+        return 1.0
+    if task_lookup or task_stock:
+        return 0.0
+    return -1.0
 
 
 def _zero_signals() -> Signals:
