@@ -62,7 +62,7 @@ def jax_turns_per_sec(config: ToolWorldConfig, batch: int, rounds: int, repeats:
             episodes = jax.vmap(lambda key: unroll(env, oracle, key))(round_keys)
             played = episodes.timesteps.step_type != 2
             played = played.sum() + (episodes.timesteps.step_type == 2).any(axis=1).sum()
-            solved = episodes.timesteps.extras["success"].sum()
+            solved = episodes.timesteps.signals.success.sum()
             return (total[0] + played, total[1] + solved), None
 
         return jax.lax.scan(one_round, (jnp.int32(0), jnp.int32(0)), keys)[0]
@@ -114,7 +114,7 @@ def success_by_level(policy_name: str, episodes: int) -> tuple[list, list]:
 
         play = jax.jit(jax.vmap(lambda key, env=env, policy=policy: unroll(env, policy, key)))
         out = play(jax.random.split(jax.random.PRNGKey(level), episodes))
-        success = np.asarray(out.timesteps.extras["success"]).any(axis=1)
+        success = np.asarray(out.timesteps.signals.success).any(axis=1)
         last = np.asarray(out.timesteps.step_type) == 2
         rates.append(float(success.mean()))
         turns.append(float((last.argmax(axis=1) + 1).mean()))

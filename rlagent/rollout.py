@@ -106,8 +106,8 @@ class Environment(Protocol):
     `reset(key) -> (state, timestep)` and `step(state, action [L] int32) -> (state,
     timestep)`, where `timestep.observation` has `tokens [O]` int32 and `progress [K]`
     int32, `timestep.step_type == StepType.LAST` ends the episode, `timestep.discount` is 0
-    on termination (1 on truncation), and the per-turn signals outcome / verdict /
-    efficiency / violations are read by `_signal`. `allowed_tokens(state, prefix [L],
+    on termination (1 on truncation), and `timestep.signals` carries the per-turn
+    outcome, verdict, efficiency and violations (`rlagent.envs.Signals`). `allowed_tokens(state, prefix [L],
     position) -> [V] bool` is the set a constrained sampler may draw token `position` of a
     turn from. Tokens are those of `rlagent.envs.dsl` (PAD pads, END ends a turn).
     """
@@ -349,7 +349,7 @@ def make_turn(
     `policy_keys [B]`: turn s samples with `fold_in(policy_keys[b], s)`.
     """
     step = jax.vmap(env.step)
-    allowed_fn = jax.vmap(functools.partial(_allowed_tokens, env), in_axes=(0, 0, None))
+    allowed_fn = jax.vmap(env.allowed_tokens, in_axes=(0, 0, None))
     actor, critic = policy.actor, policy.critic
     readers = _readers(policy)
     vocab, pad = policy.config.vocab_size, policy.config.pad_id
@@ -385,10 +385,10 @@ def make_turn(
             logp=jnp.where(played, sampled.logp, 0.0),
             values=jnp.where(played, values, 0.0),
             turn_mask=alive,
-            outcome=jnp.where(alive, _signal(ts, "outcome").astype(jnp.float32), 0.0),
-            verdict=jnp.where(alive, _signal(ts, "verdict").astype(jnp.float32), 0.0),
-            efficiency=jnp.where(alive, _signal(ts, "efficiency").astype(jnp.float32), 0.0),
-            violations=jnp.where(alive, _signal(ts, "violations").astype(jnp.int32), 0),
+            outcome=jnp.where(alive, ts.signals.outcome.astype(jnp.float32), 0.0),
+            verdict=jnp.where(alive, ts.signals.verdict.astype(jnp.float32), 0.0),
+            efficiency=jnp.where(alive, ts.signals.efficiency.astype(jnp.float32), 0.0),
+            violations=jnp.where(alive, ts.signals.violations.astype(jnp.int32), 0),
             done=alive & last & (ts.discount == 0),
             sampling_mask=sampled.sampling_mask,
         )
@@ -716,16 +716,6 @@ def _sample_turn(
     (_, cache, _, _), out = jax.lax.scan(token, init, (steps, jnp.swapaxes(noise, 0, 1)))
     action, live, logp, values, allowed = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), out)
     return SampledTurn(action, live, logp, values, allowed, cache)
-
-
-def _signal(timestep: Any, name: str) -> jax.Array:
-    """Per-turn signal `name` (outcome, verdict, efficiency, violations) of a time step."""
-    return timestep.extras[name]
-
-
-def _allowed_tokens(env: Environment, state: Any, prefix: jax.Array, position) -> jax.Array:
-    """`[V]` tokens a constrained sampler may draw (ToolWorld adds the rules in mask mode)."""
-    return env.allowed_tokens(state, prefix, position, rules=_guardrail_masks(env))
 
 
 def _guardrail_masks(env: Environment) -> bool:

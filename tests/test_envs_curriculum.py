@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlagent.envs import Command
 from rlagent.envs import ToolWorld
 from rlagent.envs import ToolWorldConfig
 from rlagent.envs import dsl
@@ -33,7 +34,7 @@ def test_horizon_config_is_exact(horizon):
             state, ts = reference.step(state, reference.oracle(state))
             if ts.step_type == 2:
                 break
-        assert ts.extras["success"] and state.turn == horizon == state.shortest_plan
+        assert ts.signals.success and state.turn == horizon == state.shortest_plan
 
 
 def test_horizon_config_errors():
@@ -62,7 +63,7 @@ def test_promotion():
 
 def _play_dialogue(env, state, step, oracle, first_turns):
     """Plays `first_turns` (command tuples) then the oracle to the end."""
-    obs, actions, extras = [state.obs], [], []
+    obs, actions, signals = [state.obs], [], []
     for turn in range(env.max_turns):
         if turn < len(first_turns):
             action = np.asarray(dsl.encode(*first_turns[turn], turn_len=env.turn_len))
@@ -71,10 +72,10 @@ def _play_dialogue(env, state, step, oracle, first_turns):
         actions.append(action)
         state, ts = step(state, jnp.asarray(action))
         obs.append(ts.observation.tokens)
-        extras.append(ts.extras)
+        signals.append(ts.signals)
         if ts.step_type == 2:
             break
-    return np.stack(obs[:-1]), np.stack(actions), extras
+    return np.stack(obs[:-1]), np.stack(actions), signals
 
 
 def test_dialogue_accuracy_and_feedback_and_transcript():
@@ -85,19 +86,19 @@ def test_dialogue_accuracy_and_feedback_and_transcript():
     state, _ = reset(jax.random.PRNGKey(0))
     assert set(np.asarray(state.task_kind).tolist()) == {2}  # status questions only
     # The oracle answers all three questions right, in the shortest plan.
-    _, actions, extras = _play_dialogue(env, state, step, oracle, [])
+    _, actions, signals = _play_dialogue(env, state, step, oracle, [])
     assert len(actions) == int(state.shortest_plan) == 7
-    assert [float(e["accuracy"]) for e in extras] == [0] * 6 + [1]
-    assert [float(e["user_feedback"]) for e in extras] == [0] * 6 + [1]
+    assert [float(e.accuracy) for e in signals] == [0] * 6 + [1]
+    assert [float(e.user_feedback) for e in signals] == [0] * 6 + [1]
 
     # Answer the first question wrongly: accuracy 2/3 and a thumbs down.
     order = int(state.task_order[0])
     wrong = (int(state.status[order]) + 1) % 3
-    turns = [(dsl.LOOKUP, order), (dsl.SAY_STATUS, order, wrong)]
-    obs, actions, extras = _play_dialogue(env, state, step, oracle, turns)
-    assert float(extras[-1]["accuracy"]) == pytest.approx(2 / 3)
-    assert float(extras[-1]["user_feedback"]) == -1 and float(extras[-1]["outcome"]) == 0
-    text = render_transcript(obs, actions, outcome=extras[-1]["outcome"])
+    turns = [(Command.LOOKUP_ORDER, order), (Command.SAY_STATUS, order, wrong)]
+    obs, actions, signals = _play_dialogue(env, state, step, oracle, turns)
+    assert float(signals[-1].accuracy) == pytest.approx(2 / 3)
+    assert float(signals[-1].user_feedback) == -1 and float(signals[-1].outcome) == 0
+    text = render_transcript(obs, actions, outcome=signals[-1].outcome)
     assert f"SAY status ORDER_{order} {dsl.TOKEN_NAMES[dsl.STATUS_0 + wrong]} END" in text
     assert text.splitlines()[0].endswith(f"USER ask_status ORDER_{order}")
     assert text.splitlines()[-1] == "outcome: 0"

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rlagent.envs import Command
 from rlagent.envs import StepType
 from rlagent.envs import ToolWorld
 from rlagent.envs import ToolWorldConfig
@@ -22,7 +23,8 @@ BATCH = 4
 ENV = ToolWorld(ToolWorldConfig(level=2, max_turns=5, guardrail="penalise"))
 MASK_ENV = ToolWorld(ToolWorldConfig(level=2, max_turns=5, guardrail="mask"))
 
-# windowed + grammar/rule mask + shared value head; full context + free sampling + critic.
+# windowed + grammar/rule mask (guardrail='mask') + shared value head;
+# full context + free sampling + critic.
 CASES = {
     "windowed_constrained_shared": (
         RolloutConfig(window=2, constrained=True, temperature=0.9),
@@ -101,9 +103,9 @@ def test_masks_and_turn_ids_match_transcript(case):
             state, ts = step(state, jnp.asarray(action))
             last = int(ts.step_type) == StepType.LAST
             assert traj.done[b, s] == (last and float(ts.discount) == 0.0)
-            assert traj.verdict[b, s] == ts.extras["verdict"]
-            assert traj.outcome[b, s] == ts.extras["outcome"]
-            assert traj.violations[b, s] == ts.extras["violations"]
+            assert traj.verdict[b, s] == ts.signals.verdict
+            assert traj.outcome[b, s] == ts.signals.outcome
+            assert traj.violations[b, s] == ts.signals.violations
             alive = not last
     view = token_view(case["traj"])
     turn_of_token = np.repeat(np.arange(ENV.max_turns), ENV.obs_len + ENV.turn_len)
@@ -123,8 +125,8 @@ def test_constrained_sampling_obeys_mask(case):
     chosen = np.take_along_axis(traj.sampling_mask, traj.action_tokens[..., None], -1)[..., 0]
     assert chosen[played].all()
     commands = jax.vmap(jax.vmap(lambda a: ENV.parse(a)[0]))(jnp.asarray(traj.action_tokens))
-    assert (np.asarray(commands)[traj.turn_mask] != dsl.MALFORMED).all()
-    assert traj.violations.sum() == 0  # guardrail="mask": the mask keeps the rules
+    assert (np.asarray(commands)[traj.turn_mask] != Command.MALFORMED).all()
+    assert traj.violations.sum() == 0  # guardrail='mask': the mask keeps the rules
 
 
 def test_deterministic_per_key_and_compiled_once(case):

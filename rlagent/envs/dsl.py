@@ -21,15 +21,19 @@ vocabulary serves every level; a config only uses a prefix of the ORDER/ITEM/ADD
 
 Every command pattern is a tuple of *slots*: a literal token or an argument class
 (`ORDER`, `ITEM`, `ADDR`, `STATUS`). Argument 1 always sits at position 2 and argument 2
-at position 3, so a parsed command is `(command, arg1, arg2)` with the arguments given as
-indices inside their class (`ORDER_3` -> 3).
+at position 3, so a parsed command is `(command, arg1, arg2)`, `command` a `Command` and the
+arguments indices inside their class (`ORDER_3` -> 3). Tables over commands are indexed
+by `Command` (`[C, ...]`, C = NUM_COMMANDS; `[C + 1]` when MALFORMED has an entry).
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 
 import numpy as np
+
+from rlagent.envs.types import TaskKind
 
 MAX_ORDERS = 16
 MAX_ITEMS = 8
@@ -40,16 +44,16 @@ NUM_STATUSES = 3
 _SPECIAL = ("PAD", "END", "CALL", "SAY", "BYE", "USER", "TOOL")
 _TOOLS = ("lookup_order", "cancel_order", "change_address", "refund", "check_stock", "exchange")
 _TEMPLATES = ("status", "cannot", "no_stock", "decline")
-# The user's word for each task kind, in the order of `toolworld.KIND_NAMES`.
-INTENT_WORDS = (
-    "want_address",
-    "want_cancel",
-    "ask_status",
-    "want_refund",
-    "want_exchange",
-    "off_topic",
-)
-_USER_WORDS = INTENT_WORDS + ("thanks", "goodbye")
+# The user's word for each task kind (`USER want_refund ORDER_3`).
+INTENT_WORDS: dict[TaskKind, str] = {
+    TaskKind.CHANGE_ADDRESS: "want_address",
+    TaskKind.CANCEL: "want_cancel",
+    TaskKind.STATUS: "ask_status",
+    TaskKind.REFUND: "want_refund",
+    TaskKind.EXCHANGE: "want_exchange",
+    TaskKind.OFF_TOPIC: "off_topic",
+}
+_USER_WORDS = tuple(INTENT_WORDS[kind] for kind in TaskKind) + ("thanks", "goodbye")
 _TOOL_WORDS = ("order", "ok", "error", "blocked", "stock", "in_stock", "out_of_stock")
 _STATUSES = ("processing", "shipped", "delivered")
 
@@ -88,60 +92,60 @@ ADDR_0 = token("ADDR_0")
 AMT_0 = token("AMT_0")
 STATUS_0 = token("processing")
 
+# Token positions of argument 1 and argument 2 in every command pattern.
+ARG1_POSITION, ARG2_POSITION = 2, 3
+
 # Order statuses (index into _STATUSES).
 PROCESSING, SHIPPED, DELIVERED = 0, 1, 2
 
-# Commands, in the order of COMMAND_PATTERNS. MALFORMED is the parse of anything else.
-(
-    LOOKUP,
-    CANCEL,
-    CHANGE_ADDRESS,
-    REFUND,
-    CHECK_STOCK,
-    EXCHANGE,
-    SAY_STATUS,
-    SAY_CANNOT,
-    SAY_NO_STOCK,
-    SAY_DECLINE,
-    BYE_CMD,
-) = range(11)
-NUM_COMMANDS = 11
-MALFORMED = NUM_COMMANDS
 
-COMMAND_NAMES = (
-    "lookup_order",
-    "cancel_order",
-    "change_address",
-    "refund",
-    "check_stock",
-    "exchange",
-    "say_status",
-    "say_cannot",
-    "say_no_stock",
-    "say_decline",
-    "bye",
-    "malformed",
-)
+class Command(enum.IntEnum):
+    """A parsed agent turn (values index `COMMAND_PATTERNS` and the `[C, ...]` tables)."""
 
-COMMAND_PATTERNS: tuple[tuple[int | str, ...], ...] = (
-    (CALL, token("lookup_order"), "ORDER", END),
-    (CALL, token("cancel_order"), "ORDER", END),
-    (CALL, token("change_address"), "ORDER", "ADDR", END),
-    (CALL, token("refund"), "ORDER", END),
-    (CALL, token("check_stock"), "ITEM", END),
-    (CALL, token("exchange"), "ORDER", "ITEM", END),
-    (SAY, token("status"), "ORDER", "STATUS", END),
-    (SAY, token("cannot"), "ORDER", END),
-    (SAY, token("no_stock"), "ITEM", END),
-    (SAY, token("decline"), END),
-    (BYE, END),
-)
-MAX_COMMAND_LEN = max(len(p) for p in COMMAND_PATTERNS)  # 5: the smallest legal turn_len.
+    LOOKUP_ORDER = 0
+    CANCEL_ORDER = 1
+    CHANGE_ADDRESS = 2
+    REFUND = 3
+    CHECK_STOCK = 4
+    EXCHANGE = 5
+    SAY_STATUS = 6
+    SAY_CANNOT = 7
+    SAY_NO_STOCK = 8
+    SAY_DECLINE = 9
+    BYE = 10
+    MALFORMED = 11  # the parse of a turn that fits no pattern.
+
+
+COMMAND_PATTERNS: dict[Command, tuple[int | str, ...]] = {
+    Command.LOOKUP_ORDER: (CALL, token("lookup_order"), "ORDER", END),
+    Command.CANCEL_ORDER: (CALL, token("cancel_order"), "ORDER", END),
+    Command.CHANGE_ADDRESS: (CALL, token("change_address"), "ORDER", "ADDR", END),
+    Command.REFUND: (CALL, token("refund"), "ORDER", END),
+    Command.CHECK_STOCK: (CALL, token("check_stock"), "ITEM", END),
+    Command.EXCHANGE: (CALL, token("exchange"), "ORDER", "ITEM", END),
+    Command.SAY_STATUS: (SAY, token("status"), "ORDER", "STATUS", END),
+    Command.SAY_CANNOT: (SAY, token("cannot"), "ORDER", END),
+    Command.SAY_NO_STOCK: (SAY, token("no_stock"), "ITEM", END),
+    Command.SAY_DECLINE: (SAY, token("decline"), END),
+    Command.BYE: (BYE, END),
+}
+# C: commands with a pattern (every Command but MALFORMED, which is C).
+NUM_COMMANDS = len(COMMAND_PATTERNS)
+assert tuple(COMMAND_PATTERNS) == tuple(Command)[:NUM_COMMANDS]
+MAX_COMMAND_LEN = max(len(p) for p in COMMAND_PATTERNS.values())  # 5: the smallest turn_len.
 # Commands that change the world (they may succeed, fail with an error, or break a rule).
-WORLD_COMMANDS = (CANCEL, CHANGE_ADDRESS, REFUND, EXCHANGE)
-SAY_COMMANDS = (SAY_STATUS, SAY_CANNOT, SAY_NO_STOCK, SAY_DECLINE)
-# Commands whose argument 1 is an order (always at position 2).
-ORDER_COMMANDS = (LOOKUP, CANCEL, CHANGE_ADDRESS, REFUND, EXCHANGE, SAY_STATUS, SAY_CANNOT)
+WORLD_COMMANDS = (
+    Command.CANCEL_ORDER,
+    Command.CHANGE_ADDRESS,
+    Command.REFUND,
+    Command.EXCHANGE,
+)
+SAY_COMMANDS = (
+    Command.SAY_STATUS,
+    Command.SAY_CANNOT,
+    Command.SAY_NO_STOCK,
+    Command.SAY_DECLINE,
+)
 
 _CLASS_BASE = {"ORDER": ORDER_0, "ITEM": ITEM_0, "ADDR": ADDR_0, "STATUS": STATUS_0}
 
@@ -167,7 +171,7 @@ def slot_masks(turn_len: int, num_orders: int, num_items: int, num_addresses: in
         raise ValueError(f"turn_len must be >= {MAX_COMMAND_LEN}, got {turn_len}")
     sizes = _class_sizes(num_orders, num_items, num_addresses)
     masks = np.zeros((NUM_COMMANDS, turn_len, VOCAB_SIZE), dtype=bool)
-    for c, pattern in enumerate(COMMAND_PATTERNS):
+    for c, pattern in COMMAND_PATTERNS.items():
         for j in range(turn_len):
             if j >= len(pattern):
                 masks[c, j, PAD] = True
@@ -193,7 +197,7 @@ def slot_ranges(
     low = masks.argmax(axis=-1).astype(np.int32)
     high = (low + masks.sum(axis=-1)).astype(np.int32)
     # Every slot is one contiguous range of token ids (classes are contiguous blocks).
-    for c in range(NUM_COMMANDS):
+    for c in COMMAND_PATTERNS:
         for j in range(turn_len):
             assert masks[c, j, low[c, j] : high[c, j]].all()
     low.setflags(write=False)
@@ -211,7 +215,7 @@ def encode_tables(turn_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     literal = np.zeros((NUM_COMMANDS, turn_len), np.int32)
     arg_slot = np.zeros((NUM_COMMANDS, turn_len), np.int32)
     class_base = np.zeros((NUM_COMMANDS, turn_len), np.int32)
-    for c, pattern in enumerate(COMMAND_PATTERNS):
+    for c, pattern in COMMAND_PATTERNS.items():
         for j, slot in enumerate(pattern):
             if isinstance(slot, str):
                 arg_slot[c, j] = j - 1  # position 2 -> arg 1, position 3 -> arg 2
@@ -227,7 +231,7 @@ def arg_bases() -> tuple[np.ndarray, np.ndarray]:
     """Class base token of argument 1 and 2 per command (0 where the argument is unused)."""
     base1 = np.zeros(NUM_COMMANDS + 1, np.int32)
     base2 = np.zeros(NUM_COMMANDS + 1, np.int32)
-    for c, pattern in enumerate(COMMAND_PATTERNS):
+    for c, pattern in COMMAND_PATTERNS.items():
         if len(pattern) > 2 and isinstance(pattern[2], str):
             base1[c] = _CLASS_BASE[pattern[2]]
         if len(pattern) > 3 and isinstance(pattern[3], str):
@@ -236,8 +240,8 @@ def arg_bases() -> tuple[np.ndarray, np.ndarray]:
 
 
 def num_args(command: int) -> int:
-    """Number of arguments of `command` (0, 1 or 2)."""
-    return sum(isinstance(slot, str) for slot in COMMAND_PATTERNS[command])
+    """Number of arguments of `command` (0, 1 or 2; 0 for MALFORMED)."""
+    return sum(isinstance(slot, str) for slot in COMMAND_PATTERNS.get(command, ()))
 
 
 def encode(command: int, arg1: int = 0, arg2: int = 0, turn_len: int = MAX_COMMAND_LEN) -> list:
@@ -257,14 +261,14 @@ def parse(tokens, num_orders: int, num_items: int, num_addresses: int) -> tuple[
     tokens = [int(t) for t in np.asarray(tokens).reshape(-1)]
     masks = slot_masks(len(tokens), num_orders, num_items, num_addresses)
     base1, base2 = arg_bases()
-    for c in range(NUM_COMMANDS):
+    for c in COMMAND_PATTERNS:
         if all(masks[c, j, t] for j, t in enumerate(tokens)):
             return (
                 c,
                 tokens[2] - base1[c] if base1[c] else 0,
                 tokens[3] - base2[c] if base2[c] else 0,
             )
-    return MALFORMED, 0, 0
+    return Command.MALFORMED, 0, 0
 
 
 def render(tokens) -> str:

@@ -1,6 +1,6 @@
 """Guardrail rules of ToolWorld: which tool calls break a business rule.
 
-Rules (index r of `violation_flags`):
+Rules (`Rule`, the index r of `Signals.violation_flags`):
 
     0 refund_unverified      CALL refund ORDER_k before ORDER_k was looked up this episode
     1 refund_ineligible      CALL refund ORDER_k when k is not delivered or already refunded
@@ -9,84 +9,99 @@ Rules (index r of `violation_flags`):
     3 amount_over_limit      CALL refund ORDER_k when the amount bucket of k exceeds the
                              automatic-refund limit (config.refund_limit)
 
-All rules are about the order argument of a world-changing call, so one table
-`forbidden_orders [NUM_COMMANDS, N]` (does calling command c on order k break a rule?)
-drives both the per-turn flags and the token mask of `ToolWorld.allowed_tokens(...,
-rules=True)`. Modes (`ToolWorldConfig.guardrail`):
+All rules are about the order argument of a world-changing call: `broken_by_order` says,
+per rule, which orders break it, and `RULE_COMMANDS` (the one table of which command each
+rule is about) turns that into the per-turn flags (`violation_flags`) and into the token
+mask (`forbidden_tokens`). Modes (`ToolWorldConfig.guardrail`, the one setting):
 
-    'off'       violations are counted in extras and spoil the outcome; the call runs.
+    'off'       violations are counted in the signals and spoil the outcome; the call runs.
     'penalise'  a violating call is blocked and ends the episode: outcome 0, reward -penalty.
-    'mask'      as 'off' in `step`; the rollout samples from `allowed_tokens(rules=True)`,
-                which excludes every rule-breaking token, so no violation can be sampled.
+    'mask'      as 'off' in `step`; `ToolWorld.allowed_tokens` also excludes every token
+                that would break a rule (`forbidden_tokens`), so a sampler that draws from
+                it (constrained decoding) cannot break one.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import enum
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rlagent.envs import dsl
+from rlagent.envs.dsl import Command
+from rlagent.envs.types import State
 
-if TYPE_CHECKING:
-    from rlagent.envs.toolworld import State
-
-RULE_NAMES = (
-    "refund_unverified",
-    "refund_ineligible",
-    "change_after_shipping",
-    "amount_over_limit",
-)
-NUM_RULES = len(RULE_NAMES)
 GUARDRAIL_MODES = ("off", "penalise", "mask")
 
 
-def rule_table(state: State, refund_limit: int) -> jax.Array:
-    """Per order, which rule each world call would break: `[NUM_RULES, N]` bool.
-
-    Row r is the set of orders k for which the call that rule r is about breaks it
-    (rows 0, 1, 3 are about refunds, row 2 about cancel / change_address).
-    """
-    not_delivered = state.status != dsl.DELIVERED
-    return jnp.stack(
-        [
-            ~state.looked_up,
-            not_delivered | state.refunded,
-            state.status != dsl.PROCESSING,
-            state.amount > refund_limit,
-        ]
-    )
+class Rule(enum.IntEnum):
+    REFUND_UNVERIFIED = 0
+    REFUND_INELIGIBLE = 1
+    CHANGE_AFTER_SHIPPING = 2
+    AMOUNT_OVER_LIMIT = 3
 
 
-def violation_flags(state: State, command: jax.Array, order: jax.Array, refund_limit: int):
-    """Rules broken by calling `command` on order index `order`: `[NUM_RULES]` bool.
+RULE_NAMES = tuple(rule.name.lower() for rule in Rule)
+NUM_RULES = len(Rule)
+# The commands each rule is about.
+RULE_COMMANDS: dict[Rule, tuple[Command, ...]] = {
+    Rule.REFUND_UNVERIFIED: (Command.REFUND,),
+    Rule.REFUND_INELIGIBLE: (Command.REFUND,),
+    Rule.CHANGE_AFTER_SHIPPING: (Command.CANCEL_ORDER, Command.CHANGE_ADDRESS),
+    Rule.AMOUNT_OVER_LIMIT: (Command.REFUND,),
+}
+
+
+def _applies_table() -> np.ndarray:
+    """`[R, C + 1]` bool: rule r is about command c (the MALFORMED column is all False)."""
+    table = np.zeros((NUM_RULES, len(Command)), bool)
+    for rule, commands in RULE_COMMANDS.items():
+        table[rule, list(commands)] = True
+    table.setflags(write=False)
+    return table
+
+
+_APPLIES = _applies_table()
+
+
+def broken_by_order(state: State, refund_limit: int) -> jax.Array:
+    """`[R, N]` bool: calling rule r's commands on order k would break rule r."""
+    broken = {
+        Rule.REFUND_UNVERIFIED: ~state.looked_up,
+        Rule.REFUND_INELIGIBLE: (state.status != dsl.DELIVERED) | state.refunded,
+        Rule.CHANGE_AFTER_SHIPPING: state.status != dsl.PROCESSING,
+        Rule.AMOUNT_OVER_LIMIT: state.amount > refund_limit,
+    }
+    return jnp.stack([broken[rule] for rule in Rule])
+
+
+def violation_flags(
+    state: State, command: jax.Array, order: jax.Array, refund_limit: int
+) -> jax.Array:
+    """Rules broken by calling `command` on order index `order`: `[R]` bool.
 
     Args:
       state: the state before the call.
-      command: int32 scalar command id (dsl.MALFORMED for unparsable turns).
+      command: int32 scalar Command (MALFORMED for unparsable turns).
       order: int32 scalar order index in [0, N) (ignored by non-order commands).
       refund_limit: largest amount bucket that may be refunded.
     """
-    table = rule_table(state, refund_limit)[:, order]  # [R]
-    is_refund = command == dsl.REFUND
-    is_change = (command == dsl.CANCEL) | (command == dsl.CHANGE_ADDRESS)
-    applies = jnp.stack([is_refund, is_refund, is_change, is_refund])
-    return table & applies
+    return broken_by_order(state, refund_limit)[:, order] & jnp.asarray(_APPLIES)[:, command]
 
 
-def forbidden_orders(state: State, refund_limit: int) -> jax.Array:
-    """`[NUM_COMMANDS, N]` bool: calling command c on order k breaks at least one rule."""
-    table = rule_table(state, refund_limit)
-    refund_bad = table[0] | table[1] | table[3]
-    change_bad = table[2]
+def forbidden_tokens(state: State, refund_limit: int) -> jax.Array:
+    """`[C, VOCAB_SIZE]` bool: argument-1 tokens (`ORDER_k`) that make command c break a rule.
+
+    Argument 1 sits at position 2 of every pattern; only order tokens are ever forbidden.
+    """
+    broken = broken_by_order(state, refund_limit)  # [R, N]
+    applies = jnp.asarray(_APPLIES[:, : dsl.NUM_COMMANDS])  # [R, C]
+    forbidden_orders = (applies[:, :, None] & broken[:, None, :]).any(axis=0)  # [C, N]
     num_orders = state.status.shape[0]
-    rows = []
-    for command in range(dsl.NUM_COMMANDS):
-        if command == dsl.REFUND:
-            rows.append(refund_bad)
-        elif command in (dsl.CANCEL, dsl.CHANGE_ADDRESS):
-            rows.append(change_bad)
-        else:
-            rows.append(jnp.zeros((num_orders,), bool))
-    return jnp.stack(rows)
+    return (
+        jnp.zeros((dsl.NUM_COMMANDS, dsl.VOCAB_SIZE), bool)
+        .at[:, dsl.ORDER_0 : dsl.ORDER_0 + num_orders]
+        .set(forbidden_orders)
+    )

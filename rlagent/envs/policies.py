@@ -1,4 +1,4 @@
-"""Scripted ToolWorld policies: the oracle (shortest correct plan) and random baselines.
+"""Scripted ToolWorld policies: the oracle (shortest correct plan) and a random baseline.
 
 All are pure JAX functions of the state, jit/vmap-safe, returning one turn `[L]` int32.
 """
@@ -11,13 +11,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rlagent.envs import dsl
-from rlagent.envs.toolworld import EXCHANGE_KIND
-from rlagent.envs.toolworld import REFUND_KIND
-from rlagent.envs.toolworld import STATUS_KIND
-from rlagent.envs.toolworld import State
-from rlagent.envs.toolworld import TimeStep
+from rlagent.envs.dsl import Command
 from rlagent.envs.toolworld import ToolWorld
+from rlagent.envs.types import State
+from rlagent.envs.types import TaskKind
+from rlagent.envs.types import TimeStep
 
 
 def oracle_policy(env: ToolWorld, state: State) -> jax.Array:
@@ -29,32 +27,33 @@ def oracle_policy(env: ToolWorld, state: State) -> jax.Array:
     every episode in exactly `shortest_plan` turns with verdict +1 on every turn.
     """
     task = env.task_view(state)
-    needs_lookup = (
-        (task.kind == STATUS_KIND) | (task.kind == REFUND_KIND) | (task.kind == EXCHANGE_KIND)
-    ) & ~task.looked_up
-    needs_stock = (task.kind == EXCHANGE_KIND) & task.looked_up & ~task.stock_checked
-    command = jnp.where(needs_stock, dsl.CHECK_STOCK, task.final_command)
+    is_exchange = task.kind == TaskKind.EXCHANGE
+    asks_fact = (task.kind == TaskKind.STATUS) | (task.kind == TaskKind.REFUND) | is_exchange
+    needs_lookup = asks_fact & ~task.looked_up
+    needs_stock = is_exchange & task.looked_up & ~task.stock_checked
+    command = jnp.where(needs_stock, Command.CHECK_STOCK, task.final_command)
     arg1 = jnp.where(needs_stock, task.item, task.final_arg1)
     arg2 = task.final_arg2
-    command = jnp.where(needs_lookup, dsl.LOOKUP, command)
+    command = jnp.where(needs_lookup, Command.LOOKUP_ORDER, command)
     arg1 = jnp.where(needs_lookup, task.order, arg1)
-    command = jnp.where(task.active, command, dsl.BYE_CMD)
+    command = jnp.where(task.active, command, Command.BYE)
     return env.encode(command, arg1, arg2)
 
 
-def random_policy(env: ToolWorld, state: State, key: jax.Array, rules: bool = False) -> jax.Array:
-    """A grammatical turn `[L]` sampled token by token, uniformly over the allowed tokens.
+def random_policy(env: ToolWorld, state: State, key: jax.Array) -> jax.Array:
+    """A turn `[L]` sampled token by token, uniformly over `env.allowed_tokens`.
+
+    Grammatical; with `guardrail='mask'` it never breaks a rule either.
 
     Args:
-      env: the environment (its grammar mask, and guardrail mask with `rules=True`).
+      env: the environment.
       state: current state.
       key: PRNG key.
-      rules: sample from the guardrail-masked grammar (no rule can be broken).
     """
 
     def sample(prefix, inputs):
         position, position_key = inputs
-        allowed = env.allowed_tokens(state, prefix, position, rules=rules)
+        allowed = env.allowed_tokens(state, prefix, position)
         token = jax.random.categorical(position_key, jnp.where(allowed, 0.0, -jnp.inf))
         return prefix.at[position].set(token.astype(jnp.int32)), None
 
@@ -63,12 +62,6 @@ def random_policy(env: ToolWorld, state: State, key: jax.Array, rules: bool = Fa
     prefix = jnp.zeros((env.turn_len,), jnp.int32)
     action, _ = jax.lax.scan(sample, prefix, (positions, keys))
     return action
-
-
-def uniform_tokens_policy(env: ToolWorld, state: State, key: jax.Array) -> jax.Array:
-    """A turn of tokens drawn uniformly from the whole vocabulary (almost always malformed)."""
-    del state
-    return jax.random.randint(key, (env.turn_len,), 0, dsl.VOCAB_SIZE, dtype=jnp.int32)
 
 
 class Unroll(NamedTuple):
@@ -87,7 +80,7 @@ def unroll(
 ) -> Unroll:
     """Plays `policy(state, key) -> [L]` for `num_turns` turns (default env.max_turns).
 
-    Turns after the end of the episode hit the absorbing state (reward and extras 0),
+    Turns after the end of the episode hit the absorbing state (reward and signals 0),
     so the result has fixed shapes; jit/vmap-safe (vmap over `key` for a batch).
     """
     num_turns = env.max_turns if num_turns is None else num_turns

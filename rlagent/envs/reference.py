@@ -15,9 +15,15 @@ import random
 import numpy as np
 
 from rlagent.envs import dsl
-from rlagent.envs import toolworld as tw
+from rlagent.envs.config import KIND_COST
+from rlagent.envs.config import ToolWorldConfig
+from rlagent.envs.dsl import Command
 from rlagent.envs.guardrail import NUM_RULES
-from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.envs.guardrail import Rule
+from rlagent.envs.types import Progress
+from rlagent.envs.types import Signals
+from rlagent.envs.types import StepType
+from rlagent.envs.types import TaskKind
 
 _THANKS = [dsl.USER, dsl.token("thanks")]
 _GOODBYE = [dsl.USER, dsl.token("goodbye")]
@@ -56,7 +62,7 @@ class RefTimeStep:
     discount: float
     obs: list
     progress: list
-    extras: dict
+    signals: Signals  # with Python scalars, and a list of R bools for violation_flags.
 
 
 class ReferenceToolWorld:
@@ -74,15 +80,15 @@ class ReferenceToolWorld:
         bases = {"ORDER": dsl.ORDER_0, "ITEM": dsl.ITEM_0, "ADDR": dsl.ADDR_0}
         bases["STATUS"] = dsl.STATUS_0
         # Per command: the token pattern as (literal or None, class base, class size).
-        self._patterns = []
-        for pattern in dsl.COMMAND_PATTERNS:
+        self._patterns = {}
+        for command, pattern in dsl.COMMAND_PATTERNS.items():
             slots = []
             for slot in pattern:
                 if isinstance(slot, str):
                     slots.append((None, bases[slot], sizes[slot]))
                 else:
                     slots.append((slot, 0, 0))
-            self._patterns.append(slots)
+            self._patterns[command] = slots
 
     # Episode start ---------------------------------------------------------------------
     def load(self, state) -> RefState:
@@ -103,15 +109,15 @@ class ReferenceToolWorld:
         amount = [rng.randrange(dsl.NUM_AMOUNTS) for _ in range(n)]
         in_stock = [rng.random() < 0.5 for _ in range(i)]
         kinds = [rng.choice(cfg.kind_ids) for _ in range(cfg.num_intents)]
-        kinds += [tw.OFF_TOPIC_KIND] * cfg.num_distractors
+        kinds += [TaskKind.OFF_TOPIC] * cfg.num_distractors
         rng.shuffle(kinds)
         orders = rng.sample(range(n), cfg.num_tasks)
         free_items = rng.sample(range(i), i)
         task_address = []
         for kind, order in zip(kinds, orders, strict=True):
-            if kind in (tw.ADDRESS_KIND, tw.CANCEL_KIND):
+            if kind in (TaskKind.CHANGE_ADDRESS, TaskKind.CANCEL):
                 status[order] = dsl.PROCESSING
-            elif kind == tw.REFUND_KIND:
+            elif kind == TaskKind.REFUND:
                 if rng.random() < 0.5:
                     status[order] = dsl.DELIVERED
                     amount[order] = rng.randrange(cfg.refund_limit + 1)
@@ -120,12 +126,12 @@ class ReferenceToolWorld:
                 else:
                     status[order] = dsl.DELIVERED
                     amount[order] = rng.randrange(cfg.refund_limit + 1, dsl.NUM_AMOUNTS)
-            elif kind == tw.EXCHANGE_KIND:
+            elif kind == TaskKind.EXCHANGE:
                 status[order] = dsl.DELIVERED
                 item[order] = free_items.pop()
                 in_stock[item[order]] = rng.random() < 0.5
             task_address.append((address[order] + rng.randrange(1, a)) % a)
-        progress = [tw.PENDING] + [tw.ABSENT] * (cfg.num_tasks - 1)
+        progress = [Progress.PENDING] + [Progress.ABSENT] * (cfg.num_tasks - 1)
         return RefState(
             item=item,
             status=status,
@@ -145,7 +151,7 @@ class ReferenceToolWorld:
             turn=0,
             violated=False,
             correct_answers=0,
-            shortest_plan=1 + sum(tw.KIND_COST[k] for k in kinds),
+            shortest_plan=1 + sum(KIND_COST[k] for k in kinds),
             terminated=False,
             truncated=False,
             obs=self._user_message(kinds[0], orders[0], task_address[0]),
@@ -154,7 +160,7 @@ class ReferenceToolWorld:
     # Dynamics --------------------------------------------------------------------------
     def parse(self, action) -> tuple[int, int, int]:
         """`(command, arg1, arg2)`, or `(MALFORMED, 0, 0)`."""
-        for command, slots in enumerate(self._patterns):
+        for command, slots in self._patterns.items():
             args = []
             ok = True
             for j, token in enumerate(action):
@@ -172,181 +178,131 @@ class ReferenceToolWorld:
             if ok:
                 args += [0, 0]
                 return command, args[0], args[1]
-        return dsl.MALFORMED, 0, 0
+        return Command.MALFORMED, 0, 0
 
     def step(self, state: RefState, action) -> tuple[RefState, RefTimeStep]:
         """Plays one turn in place; returns the (same, updated) state and its timestep."""
         cfg = self.config
         if state.terminated or state.truncated:
             return state, RefTimeStep(
-                step_type=tw.StepType.LAST,
+                step_type=StepType.LAST,
                 reward=0.0,
                 discount=0.0 if state.terminated else 1.0,
                 obs=list(state.obs),
                 progress=list(state.progress),
-                extras=_zero_extras(),
+                signals=_zero_signals(),
             )
         command, arg1, arg2 = self.parse([int(t) for t in action])
-        num_tasks = cfg.num_tasks
-        active = state.current < num_tasks
-        task = min(state.current, num_tasks - 1)
-        kind = state.task_kind[task]
-        task_order = state.task_order[task]
-        task_item = state.item[task_order]
-
-        # The correct final step of the open task, and whether its facts were observed.
-        if kind == tw.ADDRESS_KIND:
-            final, grounded = (dsl.CHANGE_ADDRESS, task_order, state.task_address[task]), True
-        elif kind == tw.CANCEL_KIND:
-            final, grounded = (dsl.CANCEL, task_order, 0), True
-        elif kind == tw.STATUS_KIND:
-            final = (dsl.SAY_STATUS, task_order, state.status[task_order])
-            grounded = state.looked_up[task_order]
-        elif kind == tw.REFUND_KIND:
-            refundable = self._refundable(state, task_order)
-            final = (dsl.REFUND if refundable else dsl.SAY_CANNOT, task_order, 0)
-            grounded = state.looked_up[task_order]
-        elif kind == tw.EXCHANGE_KIND:
-            if state.in_stock[task_item]:
-                final = (dsl.EXCHANGE, task_order, task_item)
-            else:
-                final = (dsl.SAY_NO_STOCK, task_item, 0)
-            grounded = state.looked_up[task_order] and state.stock_checked[task_item]
-        else:
-            final, grounded = (dsl.SAY_DECLINE, 0, 0), True
-
-        # Guardrail rules, on the state before the call.
-        flags = [False] * NUM_RULES
-        if command == dsl.REFUND:
-            flags[0] = not state.looked_up[arg1]
-            flags[1] = state.status[arg1] != dsl.DELIVERED or state.refunded[arg1]
-            flags[3] = state.amount[arg1] > cfg.refund_limit
-        if command in (dsl.CANCEL, dsl.CHANGE_ADDRESS):
-            flags[2] = state.status[arg1] != dsl.PROCESSING
+        active = state.current < cfg.num_tasks
+        task = min(state.current, cfg.num_tasks - 1)
+        final, grounded = self._final_step(state, task)
+        flags = self._broken_rules(state, command, arg1)
         violation = any(flags)
         blocked = violation and cfg.guardrail == "penalise"
+        call_ok = _call_succeeds(state, command, arg1, arg2)
+        tool_return = _tool_return(state, command, arg1, call_ok)
 
-        # The tool call.
-        call_ok = False
-        if command in (dsl.CANCEL, dsl.CHANGE_ADDRESS):
-            call_ok = state.status[arg1] == dsl.PROCESSING and not state.cancelled[arg1]
-        elif command == dsl.REFUND:
-            call_ok = state.status[arg1] == dsl.DELIVERED and not state.refunded[arg1]
-        elif command == dsl.EXCHANGE:
-            call_ok = (
-                state.status[arg1] == dsl.DELIVERED
-                and not state.exchanged[arg1]
-                and state.in_stock[arg2]
-                and state.item[arg1] == arg2
-            )
-        if command == dsl.LOOKUP:
-            tool_return = [
-                dsl.TOOL,
-                dsl.token("order"),
-                dsl.ORDER_0 + arg1,
-                dsl.ITEM_0 + state.item[arg1],
-                dsl.STATUS_0 + state.status[arg1],
-                dsl.ADDR_0 + state.address[arg1],
-                dsl.AMT_0 + state.amount[arg1],
-            ]
-        elif command in dsl.WORLD_COMMANDS:
-            word = "ok" if call_ok else "error"
-            tool_return = [dsl.TOOL, dsl.token(word), dsl.ORDER_0 + arg1]
-        elif command == dsl.CHECK_STOCK:
-            word = "in_stock" if state.in_stock[arg1] else "out_of_stock"
-            tool_return = [dsl.TOOL, dsl.token("stock"), dsl.ITEM_0 + arg1, dsl.token(word)]
-        elif command in dsl.SAY_COMMANDS:
-            tool_return = list(_THANKS)
-        elif command == dsl.BYE_CMD:
-            tool_return = list(_GOODBYE)
-        else:
-            tool_return = [dsl.TOOL, dsl.token("error")]
-
-        # Process verdict, before the state changes.
-        looked = state.looked_up[task_order]
-        checked = state.stock_checked[task_item]
-        nargs = dsl.num_args(command) if command != dsl.MALFORMED else 0
+        # Settling and the process verdict, before the state changes.
+        nargs = dsl.num_args(command)
         matches = command == final[0] and (nargs < 1 or arg1 == final[1])
         matches = matches and (nargs < 2 or arg2 == final[2])
         settles = active and not blocked and (command in dsl.SAY_COMMANDS or call_ok)
         done = settles and matches and grounded
-        task_lookup = (
-            active and kind != tw.OFF_TOPIC_KIND and command == dsl.LOOKUP and arg1 == task_order
-        )
-        task_stock = (
-            active
-            and kind == tw.EXCHANGE_KIND
-            and looked
-            and command == dsl.CHECK_STOCK
-            and arg1 == task_item
-        )
-        if violation:
-            verdict = -1.0
-        elif (
-            (task_lookup and not looked)
-            or (task_stock and not checked)
-            or done
-            or (not active and command == dsl.BYE_CMD)
-        ):
-            verdict = 1.0
-        elif task_lookup or task_stock:
-            verdict = 0.0
-        else:
-            verdict = -1.0
+        verdict = -1.0 if violation else _verdict(state, task, active, done, command, arg1)
+        kind, task_order = state.task_kind[task], state.task_order[task]
         if (
             active
             and not blocked
-            and kind == tw.STATUS_KIND
-            and command == dsl.SAY_STATUS
+            and kind == TaskKind.STATUS
+            and command == Command.SAY_STATUS
             and arg1 == task_order
             and arg2 == state.status[task_order]
         ):
             state.correct_answers += 1
 
-        # Effects.
         if call_ok and not blocked:
-            if command == dsl.CANCEL:
-                state.cancelled[arg1] = True
-            elif command == dsl.CHANGE_ADDRESS:
-                state.address[arg1] = arg2
-            elif command == dsl.REFUND:
-                state.refunded[arg1] = True
-            elif command == dsl.EXCHANGE:
-                state.exchanged[arg1] = True
-        if command == dsl.LOOKUP:
+            _run_call(state, command, arg1, arg2)
+        if command == Command.LOOKUP_ORDER:
             state.looked_up[arg1] = True
-        if command == dsl.CHECK_STOCK:
+        if command == Command.CHECK_STOCK:
             state.stock_checked[arg1] = True
+        obs = self._pad(tool_return)
         if settles:
-            state.progress[task] = tw.DONE if done else tw.FAILED
+            state.progress[task] = Progress.DONE if done else Progress.FAILED
             state.current += 1
-            if state.current < num_tasks:
-                state.progress[state.current] = tw.PENDING
+            obs = self._pad(_THANKS)
+            if state.current < cfg.num_tasks:
+                state.progress[state.current] = Progress.PENDING
                 nxt = state.current
                 obs = self._user_message(
                     state.task_kind[nxt], state.task_order[nxt], state.task_address[nxt]
                 )
-            else:
-                obs = self._pad(_THANKS)
-        else:
-            obs = self._pad(tool_return)
         if blocked:
             obs = self._pad([dsl.TOOL, dsl.token("blocked")])
 
         state.violated = state.violated or violation
         efficiency = -1.0 if state.turn >= state.shortest_plan else 0.0
         state.turn += 1
-        state.terminated = command == dsl.BYE_CMD or blocked
+        state.terminated = command == Command.BYE or blocked
         state.truncated = not state.terminated and state.turn >= cfg.max_turns
         last = state.terminated or state.truncated
         outcome = (
-            command == dsl.BYE_CMD
-            and all(p == tw.DONE for p in state.progress)
+            command == Command.BYE
+            and all(p == Progress.DONE for p in state.progress)
             and not state.violated
         )
         state.obs = obs
-        extras = _zero_extras()
-        extras.update(
+        signals = self._signals(state, last, outcome, verdict, efficiency, flags)
+        if blocked:
+            reward = -cfg.penalty
+        else:
+            reward = 1.0 if outcome else 0.0
+        return state, RefTimeStep(
+            step_type=StepType.LAST if last else StepType.MID,
+            reward=reward,
+            discount=0.0 if state.terminated else 1.0,
+            obs=list(obs),
+            progress=list(state.progress),
+            signals=signals,
+        )
+
+    def _final_step(self, state: RefState, task: int) -> tuple[tuple[int, int, int], bool]:
+        """The correct final step of task `task`, and whether its facts were observed."""
+        kind, order = state.task_kind[task], state.task_order[task]
+        item = state.item[order]
+        if kind == TaskKind.CHANGE_ADDRESS:
+            return (Command.CHANGE_ADDRESS, order, state.task_address[task]), True
+        if kind == TaskKind.CANCEL:
+            return (Command.CANCEL_ORDER, order, 0), True
+        if kind == TaskKind.STATUS:
+            return (Command.SAY_STATUS, order, state.status[order]), state.looked_up[order]
+        if kind == TaskKind.REFUND:
+            refund = Command.REFUND if self._refundable(state, order) else Command.SAY_CANNOT
+            return (refund, order, 0), state.looked_up[order]
+        if kind == TaskKind.EXCHANGE:
+            if state.in_stock[item]:
+                final = (Command.EXCHANGE, order, item)
+            else:
+                final = (Command.SAY_NO_STOCK, item, 0)
+            return final, state.looked_up[order] and state.stock_checked[item]
+        return (Command.SAY_DECLINE, 0, 0), True
+
+    def _broken_rules(self, state: RefState, command: int, order: int) -> list:
+        """Guardrail flags (`[R]` bools) of calling `command` on `order`, before the call."""
+        flags = [False] * NUM_RULES
+        if command == Command.REFUND:
+            flags[Rule.REFUND_UNVERIFIED] = not state.looked_up[order]
+            flags[Rule.REFUND_INELIGIBLE] = (
+                state.status[order] != dsl.DELIVERED or state.refunded[order]
+            )
+            flags[Rule.AMOUNT_OVER_LIMIT] = state.amount[order] > self.config.refund_limit
+        if command in (Command.CANCEL_ORDER, Command.CHANGE_ADDRESS):
+            flags[Rule.CHANGE_AFTER_SHIPPING] = state.status[order] != dsl.PROCESSING
+        return flags
+
+    def _signals(self, state, last, outcome, verdict, efficiency, flags) -> Signals:
+        """Signals of a played turn (`state` is the state after it)."""
+        signals = _zero_signals()._replace(
             outcome=1.0 if (last and outcome) else 0.0,
             success=bool(last and outcome),
             verdict=verdict,
@@ -355,50 +311,45 @@ class ReferenceToolWorld:
             violation_flags=flags,
             shortest_plan=state.shortest_plan,
         )
-        if cfg.scenario == "dialogue" and last:
-            questions = max(sum(k == tw.STATUS_KIND for k in state.task_kind), 1)
-            extras["accuracy"] = state.correct_answers / questions
+        if self.config.scenario == "dialogue" and last:
+            questions = max(sum(k == TaskKind.STATUS for k in state.task_kind), 1)
             pleased = state.correct_answers == questions and state.turn <= state.shortest_plan
-            extras["user_feedback"] = 1.0 if pleased else -1.0
-        if blocked:
-            reward = -cfg.penalty
-        else:
-            reward = 1.0 if outcome else 0.0
-        return state, RefTimeStep(
-            step_type=tw.StepType.LAST if last else tw.StepType.MID,
-            reward=reward,
-            discount=0.0 if state.terminated else 1.0,
-            obs=list(obs),
-            progress=list(state.progress),
-            extras=extras,
-        )
+            signals = signals._replace(
+                accuracy=state.correct_answers / questions,
+                user_feedback=1.0 if pleased else -1.0,
+            )
+        return signals
 
     def oracle(self, state: RefState) -> list:
         """Next turn of the shortest correct plan (same plan as `policies.oracle_policy`)."""
         cfg = self.config
         if state.current >= cfg.num_tasks:
-            return self.encode(dsl.BYE_CMD)
+            return self.encode(Command.BYE)
         task = state.current
         kind, order = state.task_kind[task], state.task_order[task]
         item = state.item[order]
-        if kind == tw.ADDRESS_KIND:
-            command = (dsl.CHANGE_ADDRESS, order, state.task_address[task])
-        elif kind == tw.CANCEL_KIND:
-            command = (dsl.CANCEL, order, 0)
-        elif kind == tw.OFF_TOPIC_KIND:
-            command = (dsl.SAY_DECLINE, 0, 0)
+        if kind == TaskKind.CHANGE_ADDRESS:
+            command = (Command.CHANGE_ADDRESS, order, state.task_address[task])
+        elif kind == TaskKind.CANCEL:
+            command = (Command.CANCEL_ORDER, order, 0)
+        elif kind == TaskKind.OFF_TOPIC:
+            command = (Command.SAY_DECLINE, 0, 0)
         elif not state.looked_up[order]:
-            command = (dsl.LOOKUP, order, 0)
-        elif kind == tw.STATUS_KIND:
-            command = (dsl.SAY_STATUS, order, state.status[order])
-        elif kind == tw.REFUND_KIND:
-            command = (dsl.REFUND if self._refundable(state, order) else dsl.SAY_CANNOT, order, 0)
+            command = (Command.LOOKUP_ORDER, order, 0)
+        elif kind == TaskKind.STATUS:
+            command = (Command.SAY_STATUS, order, state.status[order])
+        elif kind == TaskKind.REFUND:
+            command = (
+                Command.REFUND if self._refundable(state, order) else Command.SAY_CANNOT,
+                order,
+                0,
+            )
         elif not state.stock_checked[item]:
-            command = (dsl.CHECK_STOCK, item, 0)
+            command = (Command.CHECK_STOCK, item, 0)
         elif state.in_stock[item]:
-            command = (dsl.EXCHANGE, order, item)
+            command = (Command.EXCHANGE, order, item)
         else:
-            command = (dsl.SAY_NO_STOCK, item, 0)
+            command = (Command.SAY_NO_STOCK, item, 0)
         return self.encode(*command)
 
     def _refundable(self, state: RefState, order: int) -> bool:
@@ -417,10 +368,10 @@ class ReferenceToolWorld:
         return tokens + [dsl.PAD] * (self.config.turn_len - len(tokens))
 
     def _user_message(self, kind, order, address) -> list:
-        tokens = [dsl.USER, tw.KIND_USER_WORD[kind]]
-        if kind != tw.OFF_TOPIC_KIND:
+        tokens = [dsl.USER, dsl.token(dsl.INTENT_WORDS[kind])]
+        if kind != TaskKind.OFF_TOPIC:
             tokens.append(dsl.ORDER_0 + order)
-        if kind == tw.ADDRESS_KIND:
+        if kind == TaskKind.CHANGE_ADDRESS:
             tokens.append(dsl.ADDR_0 + address)
         return self._pad(tokens)
 
@@ -428,15 +379,94 @@ class ReferenceToolWorld:
         return list(tokens) + [dsl.PAD] * (self.config.obs_len - len(tokens))
 
 
-def _zero_extras() -> dict:
-    return {
-        "outcome": 0.0,
-        "success": False,
-        "verdict": 0.0,
-        "efficiency": 0.0,
-        "violations": 0,
-        "violation_flags": [False] * NUM_RULES,
-        "shortest_plan": 0,
-        "accuracy": 0.0,
-        "user_feedback": 0.0,
-    }
+def _call_succeeds(state: RefState, command: int, arg1: int, arg2: int) -> bool:
+    """A world-changing call succeeds (decided on the state before the turn)."""
+    if command in (Command.CANCEL_ORDER, Command.CHANGE_ADDRESS):
+        return state.status[arg1] == dsl.PROCESSING and not state.cancelled[arg1]
+    if command == Command.REFUND:
+        return state.status[arg1] == dsl.DELIVERED and not state.refunded[arg1]
+    if command == Command.EXCHANGE:
+        return (
+            state.status[arg1] == dsl.DELIVERED
+            and not state.exchanged[arg1]
+            and state.in_stock[arg2]
+            and state.item[arg1] == arg2
+        )
+    return False
+
+
+def _run_call(state: RefState, command: int, arg1: int, arg2: int) -> None:
+    """The effect of a successful, unblocked world call."""
+    if command == Command.CANCEL_ORDER:
+        state.cancelled[arg1] = True
+    elif command == Command.CHANGE_ADDRESS:
+        state.address[arg1] = arg2
+    elif command == Command.REFUND:
+        state.refunded[arg1] = True
+    elif command == Command.EXCHANGE:
+        state.exchanged[arg1] = True
+
+
+def _tool_return(state: RefState, command: int, arg1: int, call_ok: bool) -> list:
+    """Tokens (unpadded) the agent reads after a turn that settles no task."""
+    if command == Command.LOOKUP_ORDER:
+        return [
+            dsl.TOOL,
+            dsl.token("order"),
+            dsl.ORDER_0 + arg1,
+            dsl.ITEM_0 + state.item[arg1],
+            dsl.STATUS_0 + state.status[arg1],
+            dsl.ADDR_0 + state.address[arg1],
+            dsl.AMT_0 + state.amount[arg1],
+        ]
+    if command in dsl.WORLD_COMMANDS:
+        return [dsl.TOOL, dsl.token("ok" if call_ok else "error"), dsl.ORDER_0 + arg1]
+    if command == Command.CHECK_STOCK:
+        word = "in_stock" if state.in_stock[arg1] else "out_of_stock"
+        return [dsl.TOOL, dsl.token("stock"), dsl.ITEM_0 + arg1, dsl.token(word)]
+    if command in dsl.SAY_COMMANDS:
+        return list(_THANKS)
+    if command == Command.BYE:
+        return list(_GOODBYE)
+    return [dsl.TOOL, dsl.token("error")]
+
+
+def _verdict(state: RefState, task: int, active: bool, done: bool, command: int, arg1: int):
+    """Process verdict of a turn that broke no rule: 1.0 useful, 0.0 redundant, else -1.0."""
+    kind, order = state.task_kind[task], state.task_order[task]
+    item = state.item[order]
+    looked, checked = state.looked_up[order], state.stock_checked[item]
+    task_lookup = (
+        active and kind != TaskKind.OFF_TOPIC and command == Command.LOOKUP_ORDER and arg1 == order
+    )
+    task_stock = (
+        active
+        and kind == TaskKind.EXCHANGE
+        and looked
+        and command == Command.CHECK_STOCK
+        and arg1 == item
+    )
+    if (
+        (task_lookup and not looked)
+        or (task_stock and not checked)
+        or done
+        or (not active and command == Command.BYE)
+    ):
+        return 1.0
+    if task_lookup or task_stock:
+        return 0.0
+    return -1.0
+
+
+def _zero_signals() -> Signals:
+    return Signals(
+        outcome=0.0,
+        success=False,
+        verdict=0.0,
+        efficiency=0.0,
+        violations=0,
+        violation_flags=[False] * NUM_RULES,
+        shortest_plan=0,
+        accuracy=0.0,
+        user_feedback=0.0,
+    )

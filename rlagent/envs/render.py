@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from rlagent.envs import dsl
+from rlagent.envs.types import Progress
 
-_MARKERS = {0: ".", 1: "?", 2: "+", 3: "x"}  # absent, pending, done, failed
+_MARKERS = {Progress.ABSENT: ".", Progress.PENDING: "?", Progress.DONE: "+", Progress.FAILED: "x"}
 
 
 def render_transcript(

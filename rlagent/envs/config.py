@@ -1,0 +1,152 @@
+"""Configuration of ToolWorld: sizes, curriculum level, scenario, guardrail mode.
+
+Tables indexed by `TaskKind`: `KIND_COST` (turns of the shortest correct handling of a
+task) and `LEVEL_KINDS` (the intent pool of each curriculum level; see `toolworld`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+
+from rlagent.envs import dsl
+from rlagent.envs.guardrail import GUARDRAIL_MODES
+from rlagent.envs.types import TaskKind
+
+KIND_NAMES = tuple(kind.label for kind in TaskKind)
+INTENT_KINDS = tuple(kind for kind in TaskKind if kind != TaskKind.OFF_TOPIC)
+# Turns of the shortest correct handling of each task kind.
+KIND_COST: dict[TaskKind, int] = {
+    TaskKind.CHANGE_ADDRESS: 1,  # change_address
+    TaskKind.CANCEL: 1,  # cancel_order
+    TaskKind.STATUS: 2,  # lookup_order, SAY status
+    TaskKind.REFUND: 2,  # lookup_order, refund or SAY cannot
+    TaskKind.EXCHANGE: 3,  # lookup_order, check_stock, exchange or SAY no_stock
+    TaskKind.OFF_TOPIC: 1,  # SAY decline
+}
+LEVEL_KINDS: dict[int, tuple[TaskKind, ...]] = {
+    1: (TaskKind.CHANGE_ADDRESS, TaskKind.CANCEL),
+    2: (TaskKind.STATUS, TaskKind.REFUND),
+    3: (TaskKind.EXCHANGE,),
+    4: INTENT_KINDS,
+}
+SCENARIOS = ("agent", "dialogue")
+_INTEGER_FIELDS = (
+    "level",
+    "num_orders",
+    "num_items",
+    "num_addresses",
+    "num_intents",
+    "num_distractors",
+    "max_turns",
+    "turn_len",
+    "obs_len",
+    "refund_limit",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolWorldConfig:
+    """Static configuration of ToolWorld (hashable: safe as a static jit argument).
+
+    Fields left at None are filled from the level in `__post_init__`; a bad field raises
+    a ValueError that names it.
+    """
+
+    level: int = 1  # curriculum level 1..4 (chooses the pool of intent kinds).
+    scenario: str = "agent"  # 'agent' (tool use) or 'dialogue' (status questions only).
+    num_orders: int = 8  # orders in the database, 8..16 (ORDER_0..ORDER_{N-1}).
+    num_items: int = 8  # catalogue items, 2..8; also bounds num_intents.
+    num_addresses: int = 4  # addresses ADDR_0..ADDR_{A-1}, 2..8.
+    num_intents: int | None = None  # user intents per episode (1 at levels 1-3, 3 at 4).
+    num_distractors: int | None = None  # off-topic requests mixed in (0; 1 at level 4).
+    kinds: tuple[str, ...] | None = None  # override the level's intent pool (KIND_NAMES).
+    max_turns: int | None = None  # S; default: longest possible shortest plan + 2.
+    turn_len: int = 6  # L action tokens per turn (>= 5, the longest command).
+    obs_len: int = 8  # O observation tokens (>= 7, the lookup return).
+    guardrail: str = "off"  # 'off' | 'penalise' | 'mask' (see rlagent.envs.guardrail).
+    penalty: float = 1.0  # reward of a penalised violation is -penalty (finite, >= 0).
+    refund_limit: int = 2  # largest amount bucket (AMT_0..AMT_3) refundable, 0..2.
+
+    def __post_init__(self):
+        self._check_types()
+        self._check_ranges()
+        self._fill_level_defaults()
+
+    @property
+    def num_tasks(self) -> int:
+        """K: tasks (intents + distractors) per episode, one progress marker each."""
+        return self.num_intents + self.num_distractors
+
+    @property
+    def kind_ids(self) -> tuple[TaskKind, ...]:
+        """Intent pool as TaskKinds."""
+        return tuple(TaskKind[name.upper()] for name in self.kinds)
+
+    def _fail(self, name: str, message: str):
+        raise ValueError(f"ToolWorldConfig.{name}: {message}, got {getattr(self, name)!r}")
+
+    def _check_types(self):
+        """Integers are integers (2.5 turns would truncate silently), penalty is finite."""
+        for name in _INTEGER_FIELDS:
+            value = getattr(self, name)
+            if value is None and name in ("num_intents", "num_distractors", "max_turns"):
+                continue
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+                self._fail(name, "must be an integer")
+        penalty = self.penalty
+        if not isinstance(penalty, numbers.Real) or isinstance(penalty, bool):
+            self._fail("penalty", "must be a number")
+        if not math.isfinite(penalty):
+            self._fail("penalty", "must be finite")
+
+    def _check_ranges(self):
+        """Fields that do not depend on the level defaults."""
+        if self.level not in LEVEL_KINDS:
+            self._fail("level", "must be 1, 2, 3 or 4")
+        if self.scenario not in SCENARIOS:
+            self._fail("scenario", f"must be one of {SCENARIOS}")
+        if self.guardrail not in GUARDRAIL_MODES:
+            self._fail("guardrail", f"must be one of {GUARDRAIL_MODES}")
+        if not 8 <= self.num_orders <= dsl.MAX_ORDERS:
+            self._fail("num_orders", f"must be in [8, {dsl.MAX_ORDERS}]")
+        if not 2 <= self.num_items <= dsl.MAX_ITEMS:
+            self._fail("num_items", f"must be in [2, {dsl.MAX_ITEMS}]")
+        if not 2 <= self.num_addresses <= dsl.MAX_ADDRESSES:
+            self._fail("num_addresses", f"must be in [2, {dsl.MAX_ADDRESSES}]")
+        if self.turn_len < dsl.MAX_COMMAND_LEN:
+            self._fail("turn_len", f"must be >= {dsl.MAX_COMMAND_LEN} (longest command)")
+        if self.obs_len < 7:
+            self._fail("obs_len", "must be >= 7 (length of a lookup return)")
+        if not 0 <= self.refund_limit < dsl.NUM_AMOUNTS - 1:
+            self._fail("refund_limit", f"must be in [0, {dsl.NUM_AMOUNTS - 2}]")
+        if self.penalty < 0:
+            self._fail("penalty", "must be >= 0")
+
+    def _fill_level_defaults(self):
+        """kinds, num_intents, num_distractors and max_turns from the level, then checked."""
+        if self.kinds is None:
+            pool = (TaskKind.STATUS,) if self.scenario == "dialogue" else LEVEL_KINDS[self.level]
+            object.__setattr__(self, "kinds", tuple(kind.label for kind in pool))
+        else:
+            object.__setattr__(self, "kinds", tuple(self.kinds))
+            names = tuple(kind.label for kind in INTENT_KINDS)
+            if not self.kinds or any(k not in names for k in self.kinds):
+                self._fail("kinds", f"must be a non-empty subset of {names}")
+        if self.num_intents is None:
+            object.__setattr__(self, "num_intents", 3 if self.level == 4 else 1)
+        if self.num_distractors is None:
+            object.__setattr__(self, "num_distractors", 1 if self.level == 4 else 0)
+        if not 1 <= self.num_intents <= self.num_items:
+            self._fail("num_intents", f"must be in [1, num_items={self.num_items}]")
+        if self.num_distractors < 0:
+            self._fail("num_distractors", "must be >= 0")
+        if self.num_tasks > self.num_orders:
+            self._fail("num_distractors", "num_intents + num_distractors must be <= num_orders")
+        longest = 1 + self.num_intents * max(KIND_COST[k] for k in self.kind_ids)
+        longest += self.num_distractors * KIND_COST[TaskKind.OFF_TOPIC]
+        if self.max_turns is None:
+            object.__setattr__(self, "max_turns", longest + 2)
+        elif self.max_turns < 1:
+            self._fail("max_turns", "must be >= 1")
