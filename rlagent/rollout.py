@@ -107,9 +107,10 @@ class Environment(Protocol):
     timestep)`, where `timestep.observation` has `tokens [O]` int32 and `progress [K]`
     int32, `timestep.step_type == StepType.LAST` ends the episode, `timestep.discount` is 0
     on termination (1 on truncation), and `timestep.signals` carries the per-turn
-    outcome, verdict, efficiency and violations (`rlagent.envs.Signals`). `allowed_tokens(state, prefix [L],
-    position) -> [V] bool` is the set a constrained sampler may draw token `position` of a
-    turn from. Tokens are those of `rlagent.envs.dsl` (PAD pads, END ends a turn).
+    outcome, verdict, efficiency and violations (`rlagent.envs.Signals`).
+    `allowed_tokens(state, prefix [L], position) -> [V] bool` is the set a constrained
+    sampler may draw token `position` of a turn from. Tokens are those of
+    `rlagent.envs.dsl` (PAD pads, END ends a turn).
     """
 
     @property
