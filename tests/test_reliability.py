@@ -9,6 +9,7 @@ import glob
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,8 +59,8 @@ def straight(tmp_path_factory):
 
 
 def test_non_empty_workdir_is_refused_and_overwrite_starts_clean(straight, tmp_path):
-    rows, _ = straight
-    _run(tmp_path)  # an old run: checkpoints 1 and 2.
+    rows, old_run = straight
+    shutil.copytree(old_run, tmp_path, dirs_exist_ok=True)  # an old run: checkpoints 1, 2.
     with pytest.raises(loop.RunError, match="is not empty.*resume.*overwrite"):
         _run(tmp_path)
     again = _run(tmp_path, overwrite=True, stop_after=1)
@@ -91,15 +92,27 @@ def test_resume_refuses_a_changed_config_before_restoring(straight, tmp_path, mo
     assert {"command", "packages", "devices"} <= set(stored)
 
 
-def test_resume_may_extend_num_updates(tmp_path, monkeypatch):
-    monkeypatch.setattr(loop, "_train", lambda *a, **k: a[3])
-    _run(tmp_path, config=dataclasses.replace(TINY, num_updates=1), checkpoint=False)
-    assert _run(tmp_path, resume=True, checkpoint=False) == []  # accepted, nothing trained.
+class _Checked(Exception):
+    """Raised in place of building the trainer: the workdir checks have passed."""
+
+
+def _stop_after_checks(monkeypatch):
+    def stop(*args):
+        raise _Checked
+
+    monkeypatch.setattr(loop, "_trainer", stop)
+
+
+def test_resume_may_extend_num_updates(straight, tmp_path, monkeypatch):
+    shutil.copytree(straight[1], tmp_path, dirs_exist_ok=True)
+    _stop_after_checks(monkeypatch)
+    with pytest.raises(_Checked):
+        _run(tmp_path, config=dataclasses.replace(TINY, num_updates=5), resume=True)
 
 
 def test_resume_of_a_missing_workdir_says_so(tmp_path, caplog, monkeypatch):
-    monkeypatch.setattr(loop, "_train", lambda *a, **k: a[3])
-    with caplog.at_level(logging.WARNING):
+    _stop_after_checks(monkeypatch)
+    with caplog.at_level(logging.WARNING), pytest.raises(_Checked):
         _run(tmp_path / "nothing", resume=True)
     assert "holds no run; starting from scratch" in caplog.text
 
@@ -118,8 +131,8 @@ def test_checkpoint_write_failure_is_a_clear_error_and_closes(tmp_path, monkeypa
 
 
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous(straight, tmp_path, caplog):
-    rows, _ = straight
-    _run(tmp_path)
+    rows, old_run = straight
+    shutil.copytree(old_run, tmp_path, dirs_exist_ok=True)
     for path in glob.glob(str(tmp_path / "checkpoints" / "2" / "**" / "d" / "*"), recursive=True):
         os.remove(path)
     with caplog.at_level(logging.WARNING):
@@ -154,7 +167,7 @@ def test_divergence_stops_the_run_keeps_finite_state_and_is_reported(tmp_path, m
     trainer = loop._trainer(TINY, ENV, POLICY, ROLLOUT, None)
     keys = jnp.stack([jax.random.PRNGKey(0)] * 4)
     weights = jnp.stack([loop.reward_weights(TINY, c) for c in ["process", "outcome"] * 2])
-    state = jax.jit(jax.vmap(trainer.init))(keys, weights)
+    state = loop._init(trainer)(keys, weights)
     new_state, metrics = loop._chunk(trainer, 1)(state)
     for flag in NONFINITE_METRICS:
         np.testing.assert_array_equal(np.asarray(metrics[flag])[:, 0] > 0, [0, 1, 0, 1])

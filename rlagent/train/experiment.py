@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 import typing
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -105,7 +106,9 @@ def run_and_report(
     seeds = list(range(config.first_seed, config.first_seed + config.seeds))
     setups = [build(run.config) for run in runs]  # config errors before anything is written.
     _prepare_workdir(workdir, resume=resume, overwrite=overwrite)
-    provenance.write(workdir, provenance.collect(config.to_dict(), runs=[r.name for r in runs]))
+    start = time.time()
+    record = provenance.collect(config.to_dict(), runs=[run.name for run in runs])
+    provenance.write(workdir, record)
     rows, diverged = [], []
     for run, setup in zip(runs, setups, strict=True):
         conditions = [label.split("/")[0] for label in run.conditions]
@@ -142,6 +145,7 @@ def run_and_report(
         preface=preface,
     )
     print(preface + report.markdown_table(summary))
+    provenance.write(workdir, {**record, "wall_s": round(time.time() - start, 1)})
     if diverged:
         raise loop.Diverged(" ".join(diverged), rows)
     return summary

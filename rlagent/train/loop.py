@@ -116,7 +116,7 @@ def run(
     trainer = _trainer(config, env, policy_config, rollout_config, mesh)
     keys = jnp.stack([jax.random.PRNGKey(seed) for _, seed in runs])
     weights = jnp.stack([reward_weights(config, condition) for condition, _ in runs])
-    state = jax.jit(jax.vmap(trainer.init))(keys, weights)
+    state = _init(trainer)(keys, weights)
     writer = MetricWriter(workdir, tensorboard=tensorboard)
     manager = _checkpoint_manager(workdir) if checkpoint else None
     try:
@@ -284,6 +284,11 @@ def _trainer(config, env, policy_config, rollout_config, mesh) -> Trainer:
     # Cached so that repeated runs of one setup (resume, several calls in a notebook or a
     # test) reuse the compiled chunks below instead of tracing a new closure.
     return make_train(config, env, policy_config, rollout_config, mesh=mesh)
+
+
+@functools.lru_cache(maxsize=16)
+def _init(trainer: Trainer):
+    return jax.jit(jax.vmap(trainer.init))
 
 
 @functools.lru_cache(maxsize=32)
