@@ -199,6 +199,29 @@ def test_launcher_exits_non_zero_on_divergence(tmp_path, monkeypatch):
         flags.FLAGS.unparse_flags()
 
 
+def test_experiment_reports_a_diverged_run_then_raises(tmp_path, monkeypatch):
+    def diverging_run(*args, seeds, conditions, **kwargs):
+        rows = [
+            {"condition": condition, "seed": seed, "update": update, "success": 0.5,
+             "violation_rate": 0.0, "turns": 2.0, "turns_over_plan": 0.0, "process_score": 0.0,
+             "env_turns_total": 10.0 * update,
+             "nonfinite_loss": float(condition == "outcome" and update == 2),
+             "nonfinite_grads": 0.0}
+            for condition in conditions for seed in seeds for update in (1, 2)
+        ]  # fmt: skip
+        raise loop.Diverged("Diverged at update 2: non-finite outcome/seed 0: loss.", rows)
+
+    monkeypatch.setattr(loop, "run", diverging_run)
+    config = default_config.get_config()
+    config.conditions, config.seeds = "outcome,process", 1
+    with pytest.raises(loop.Diverged, match="rewards: Diverged at update 2"):
+        experiment.run_and_report(experiment.reward_runs(config), config, workdir=str(tmp_path))
+    table = (tmp_path / "summary.md").read_text()
+    assert "| outcome (DIVERGED: 1 seeds) |" in table and "| process |" in table
+    assert json.loads((tmp_path / "summary.json").read_text())["outcome"]["diverged_seeds"] == 1
+    assert "wall_s" in json.loads((tmp_path / "provenance.json").read_text())
+
+
 def test_experiment_refuses_non_empty_workdir_and_bad_seeds(tmp_path):
     config = default_config.get_config()
     (tmp_path / "metrics.csv").write_text("update\n1\n")
