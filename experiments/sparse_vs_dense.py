@@ -55,8 +55,14 @@ parallel.define_distributed_flags()
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # keep Orbax's per-checkpoint INFO lines out.
+    try:
+        run(_CONFIG.value)
+    except (loop.RunError, ValueError) as error:  # refused, diverged or a bad config value.
+        sys.exit(f"error: {error}")
+
+
+def run(config) -> None:
     parallel.maybe_initialize_distributed()
-    config = _CONFIG.value
     if _GUARDRAIL_SWEEP.value:
         runs = experiment.guardrail_runs(config)
         title = "ToolWorld: guardrail rule layer off / penalise / mask"
@@ -65,13 +71,10 @@ def main(argv):
         title = f"ToolWorld level {config.env.level}: sparse outcome vs dense process rewards"
     num_devices = flags.FLAGS.num_devices
     mesh = parallel.data_mesh(num_devices) if num_devices else None
-    try:
-        experiment.run_and_report(
-            runs, config, workdir=_WORKDIR.value, resume=_RESUME.value,
-            overwrite=_OVERWRITE.value, title=title, mesh=mesh,
-        )  # fmt: skip
-    except (loop.RunError, ValueError) as error:  # refused, diverged or a bad config value.
-        sys.exit(f"error: {error}")
+    experiment.run_and_report(
+        runs, config, workdir=_WORKDIR.value, resume=_RESUME.value,
+        overwrite=_OVERWRITE.value, title=title, mesh=mesh,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
