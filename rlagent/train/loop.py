@@ -49,6 +49,10 @@ from rlagent.train.writers import MetricWriter
 RUN_FILES = ("metrics.csv", "checkpoints", "tensorboard", provenance.FILENAME)
 # Config fields a resumed run may change (dotted paths into the resolved config).
 RESUMABLE_FIELDS = ("train.num_updates",)
+_RESUMABLE_NOTE = (
+    "nothing may change on resume with a decaying lr_schedule, which spans num_updates",
+    f"only {', '.join(RESUMABLE_FIELDS)} may change on resume",
+)
 
 
 class RunError(RuntimeError):
@@ -205,8 +209,7 @@ def _prepare_workdir(workdir, resolved, config, *, resume, overwrite) -> bool:
         if diff:
             raise RunError(
                 f"Cannot resume {workdir} with a different config: {'; '.join(diff)} "
-                f"(may change on resume: {', '.join(may_change) or 'nothing'}; "
-                "train.num_updates only with lr_schedule='constant')."
+                f"({_RESUMABLE_NOTE[bool(may_change)]})."
             )
         return True
     if entries and not overwrite:
