@@ -121,9 +121,9 @@ def run(
     keys = jnp.stack([jax.random.PRNGKey(seed) for _, seed in runs])
     weights = jnp.stack([reward_weights(config, condition) for condition, _ in runs])
     state = _init(trainer)(keys, weights)
-    writer = MetricWriter(workdir, tensorboard=tensorboard)
-    manager = _checkpoint_manager(workdir) if checkpoint else None
+    writer, manager = MetricWriter(workdir, tensorboard=tensorboard), None
     try:
+        manager = _checkpoint_manager(workdir) if checkpoint else None
         done = 0
         if resume and manager is not None:
             done, state = _restore(manager, state)
