@@ -7,27 +7,42 @@ r"""Sparse outcome reward vs dense process rewards on ToolWorld (the main experi
 Writes to --workdir: metrics.csv (every update of every seed and condition), curves.png
 (success vs environment turns, mean and min-max band over seeds), summary.md and
 summary.json (final success, turns of experience to 50% / 80% success, violation rate,
-turns vs shortest plan; mean ± 95% CI over seeds), TensorBoard events and Orbax
-checkpoints per condition (`--resume` continues an interrupted run exactly).
+turns vs shortest plan; mean ± 95% CI over seeds), provenance.json, TensorBoard events
+and Orbax checkpoints per condition. A non-empty --workdir needs `--resume` (continue an
+interrupted run exactly; the config must match) or `--overwrite` (start clean). Exits
+with status 1 and a one-line error when refused or when training diverges.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from experiments.configs import sparse_vs_dense as default_config
 from rlagent import parallel
 from rlagent.train import experiment
+from rlagent.train import loop
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(__file__), "configs", "sparse_vs_dense.py")
-)
+try:
+    _CONFIG = config_flags.DEFINE_config_file(
+        "config", os.path.join(os.path.dirname(__file__), "configs", "sparse_vs_dense.py")
+    )
+except (AttributeError, KeyError) as error:  # a --config.x override names no field.
+    sys.exit(
+        f"error: {experiment.unknown_override(default_config.get_config(), sys.argv) or error}"
+    )
 _WORKDIR = flags.DEFINE_string("workdir", "runs/sparse_vs_dense", "Output folder.")
-_RESUME = flags.DEFINE_bool("resume", False, "Continue from the newest checkpoints.")
+_RESUME = flags.DEFINE_bool(
+    "resume", False, "Continue from the newest checkpoints (the config must match)."
+)
+_OVERWRITE = flags.DEFINE_bool(
+    "overwrite", False, "Replace the results in a non-empty --workdir (refused otherwise)."
+)
 _GUARDRAIL_SWEEP = flags.DEFINE_bool(
     "guardrail_sweep",
     False,
@@ -40,8 +55,14 @@ parallel.define_distributed_flags()
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # keep Orbax's per-checkpoint INFO lines out.
+    try:
+        run(_CONFIG.value)
+    except (loop.RunError, ValueError) as error:  # refused, diverged or a bad config value.
+        sys.exit(f"error: {error}")
+
+
+def run(config) -> None:
     parallel.maybe_initialize_distributed()
-    config = _CONFIG.value
     if _GUARDRAIL_SWEEP.value:
         runs = experiment.guardrail_runs(config)
         title = "ToolWorld: guardrail rule layer off / penalise / mask"
@@ -51,8 +72,9 @@ def main(argv):
     num_devices = flags.FLAGS.num_devices
     mesh = parallel.data_mesh(num_devices) if num_devices else None
     experiment.run_and_report(
-        runs, config, workdir=_WORKDIR.value, resume=_RESUME.value, title=title, mesh=mesh
-    )
+        runs, config, workdir=_WORKDIR.value, resume=_RESUME.value,
+        overwrite=_OVERWRITE.value, title=title, mesh=mesh,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def _check_float(name: str, x: jax.Array, rank: int | None) -> None:
@@ -49,3 +50,22 @@ def _check_rows(
             [bootstrap_value, x], 1, custom_message="`bootstrap_value` must be [B]"
         )
     return x.astype(jnp.float32), mask, bootstrap_value.astype(jnp.float32)
+
+
+def _is_static(*xs: object) -> bool:
+    """Whether every `x` is a Python or NumPy scalar, i.e. known at trace time."""
+    return all(isinstance(x, (int, float, np.integer, np.floating)) for x in xs)
+
+
+def _check_range(
+    name: str, value: object, low: float, high: float = np.inf, *, open_low: bool = False
+) -> None:
+    """Checks `low <= value <= high` (`low < value` if `open_low`; NaN fails) when `value`
+    is a Python or NumPy number. A traced value cannot be checked at trace time: the range
+    is then the caller's contract, stated in the kernel's docstring."""
+    if not _is_static(value):
+        return
+    above = value > low if open_low else value >= low
+    if not (above and value <= high):
+        bound = f"{'(' if open_low else '['}{low}, {high}{']' if high < np.inf else ')'}"
+        raise ValueError(f"`{name}` must lie in {bound}, got {value}")

@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from rlagent._checks import _is_static
+
 
 def _bridged_recurrence(
     inputs: jax.Array, mask: jax.Array, discount: float, init: jax.Array
@@ -55,11 +57,6 @@ _BLOCK = 32
 # `discount^k` must stay a normal float32 for the rescaling inside a block to be exact to
 # rounding; outside this range (e.g. lam = 0) the sequential scan is used.
 _BLOCK_DECAY_RANGE = (1e-30, 1e30)
-
-
-def _is_static(*xs: object) -> bool:
-    """Whether every `x` is a Python or NumPy scalar, i.e. known at trace time."""
-    return all(isinstance(x, (int, float, np.integer, np.floating)) for x in xs)
 
 
 def _blocked_recurrence(

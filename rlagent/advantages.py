@@ -12,10 +12,13 @@ from typing import NamedTuple
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.experimental import checkify
 
 from rlagent._checks import _check_float
 from rlagent._checks import _check_like
 from rlagent._checks import _check_mask
+from rlagent._checks import _check_range
 from rlagent._checks import _check_rows
 from rlagent._recurrence import _lambda_recurrence
 from rlagent.returns import discounted_returns
@@ -73,8 +76,9 @@ def gae(
       rewards: `[B, T]` float rewards.
       values: `[B, T]` float value estimates, read only where `mask` is True.
       mask: `[B, T]` bool, True on the positions the estimator runs over.
-      gamma: discount per unmasked step.
-      lam: GAE lambda.
+      gamma: discount per unmasked step, in `[0, 1]`.
+      lam: GAE lambda, in `[0, 1]` (both checked when Python numbers; traced values are
+        the caller's contract).
       bootstrap_value: `[B]` value after the last unmasked position (default 0).
 
     Returns:
@@ -83,6 +87,8 @@ def gae(
     """
     rewards, mask, bootstrap_value = _check_rows("rewards", rewards, mask, bootstrap_value)
     values = _check_like("values", values, rewards)
+    _check_range("gamma", gamma, 0.0, 1.0)
+    _check_range("lam", lam, 0.0, 1.0)
     # A_k = G^lambda_k - V_k: one reverse recursion for the lambda-return instead of a
     # recursion over TD errors that would need the next unmasked value first.
     lam_returns = _lambda_recurrence(rewards, values, mask, bootstrap_value, gamma, lam)
@@ -115,6 +121,7 @@ def tokens_to_turns(
     num_turns: int,
     position: str = "first",
     fill: float = 0.0,
+    check_inputs: bool = False,
 ) -> jax.Array:
     """Reads one token per turn: `out[b, s] = token_x[b, t_s]`.
 
@@ -123,10 +130,13 @@ def tokens_to_turns(
 
     Args:
       token_x: `[B, T]` per-token values.
-      turn_ids: `[B, T]` int turn of each policy token, -1 elsewhere.
+      turn_ids: `[B, T]` int turn of each policy token, -1 elsewhere; ids must lie in
+        `[-1, num_turns)` (a larger id would be dropped with its turn). Checked when
+        `turn_ids` is concrete; traced, only with `check_inputs` (see `_check_ids`).
       num_turns: S, the number of turn slots.
       position: `"first"` or `"last"`.
       fill: value of turns without any token.
+      check_inputs: check traced ids at run time (needs `checkify.checkify`).
 
     Returns:
       `[B, S]` array of `token_x`'s dtype.
@@ -135,6 +145,8 @@ def tokens_to_turns(
         raise ValueError(f"`position` must be one of {TURN_POSITIONS}, got {position!r}")
     chex.assert_rank(token_x, 2, custom_message="`token_x` must be [B, T]")
     _check_turn_ids(turn_ids, token_x, same_shape=True)
+    _check_range("num_turns", num_turns, 1)
+    _check_ids("turn_ids", turn_ids, -1, num_turns, check_inputs)
     batch, length = token_x.shape
     rows = jnp.arange(batch)[:, None]
     # Tokens outside any turn scatter to slot `num_turns`, which mode="drop" discards.
@@ -211,6 +223,7 @@ def grpo_advantages(
     num_groups: int,
     scale: str = "std",
     eps: float = 1e-6,
+    check_inputs: bool = False,
 ) -> jax.Array:
     """Group-relative advantages `A_i = (s_i - mean_g) / (std_g + eps)` (GRPO).
 
@@ -220,32 +233,40 @@ def grpo_advantages(
 
     Args:
       scores: `[N]` float scores (e.g. episode returns).
-      group_ids: `[N]` int group of each sample (e.g. its prompt), in `[0, num_groups)`.
+      group_ids: `[N]` int group of each sample (e.g. its prompt), in `[0, num_groups)`
+        (an id outside would silently leave its sample without a group). Checked when
+        concrete; traced, only with `check_inputs` (see `_check_ids`).
       num_groups: number of group slots.
       scale: `"std"` or `"none"`.
-      eps: added to the standard deviation.
+      eps: added to the standard deviation, >= 0.
+      check_inputs: check traced ids at run time (needs `checkify.checkify`).
 
     Returns:
       `[N]` float32 advantages.
     """
-    _check_groups(scores, group_ids, scale)
+    _check_groups(scores, group_ids, scale, num_groups, check_inputs)
+    _check_range("eps", eps, 0.0)
     return _group_relative(scores, group_ids, num_groups, scale, eps, None)
 
 
-def rloo_advantages(scores: jax.Array, group_ids: jax.Array, *, num_groups: int) -> jax.Array:
+def rloo_advantages(
+    scores: jax.Array, group_ids: jax.Array, *, num_groups: int, check_inputs: bool = False
+) -> jax.Array:
     """Leave-one-out baseline `A_i = s_i - mean_{j != i, j in g(i)} s_j` (RLOO).
 
     Kool et al., 2019; Ahmadian et al., 2024. A group of one sample gets 0.
 
     Args:
       scores: `[N]` float scores.
-      group_ids: `[N]` int group of each sample, in `[0, num_groups)`.
+      group_ids: `[N]` int group of each sample, in `[0, num_groups)` (checked as in
+        `grpo_advantages`).
       num_groups: number of group slots.
+      check_inputs: check traced ids at run time (needs `checkify.checkify`).
 
     Returns:
       `[N]` float32 advantages.
     """
-    _check_groups(scores, group_ids, "none")
+    _check_groups(scores, group_ids, "none", num_groups, check_inputs)
     scores = scores.astype(jnp.float32)
     counts, mean, _ = _segment_stats(scores, group_ids, num_groups, None)
     count = counts[group_ids]
@@ -292,6 +313,7 @@ def gigpo_advantages(
     omega: float = 1.0,
     scale: str = "none",
     eps: float = 1e-6,
+    check_inputs: bool = False,
 ) -> GiGPOOutput:
     """Group-in-group advantages (GiGPO, Feng et al., 2025).
 
@@ -307,19 +329,22 @@ def gigpo_advantages(
       anchor_ids: `[N, S]` int id of the state each turn acted from; only equality
         matters.
       turn_mask: `[N, S]` bool valid turns.
-      group_ids: `[N]` int group of each episode, in `[0, num_groups)`.
+      group_ids: `[N]` int group of each episode, in `[0, num_groups)` (checked as in
+        `grpo_advantages`).
       num_groups: number of group slots.
       omega: weight of the step advantage.
       scale: `"none"` (GiGPO default) or `"std"`.
       eps: added to the standard deviations.
+      check_inputs: check traced ids at run time (needs `checkify.checkify`).
 
     Returns:
       `GiGPOOutput(advantages [N, S], episode_advantages [N], step_advantages [N, S])`,
       per-turn outputs 0 on invalid turns.
     """
     episode_adv = grpo_advantages(
-        episode_returns, group_ids, num_groups=num_groups, scale=scale, eps=eps
-    )
+        episode_returns, group_ids, num_groups=num_groups, scale=scale, eps=eps,
+        check_inputs=check_inputs,
+    )  # fmt: skip
     _check_float("step_returns", step_returns, 2)
     _check_mask("turn_mask", turn_mask, step_returns)
     chex.assert_type(anchor_ids, int, custom_message="`anchor_ids` must be integer")
@@ -368,19 +393,27 @@ def whiten(
       x: float array of any shape.
       mask: bool array of the same shape.
       shift_mean: subtract the masked mean.
-      eps: added to the variance.
+      eps: added to the variance, >= 0 (checked when a Python number).
 
     Returns:
       float32 array shaped like `x`.
     """
     _check_float("x", x, None)
     _check_mask("mask", mask, x)
+    _check_range("eps", eps, 0.0)
     x = x.astype(jnp.float32)
+    # Statistics of x / 2^k with 2^k <= max |x|: the square of values near 1e20 would
+    # overflow float32, and a power-of-two scale is exact, so results are unchanged
+    # wherever nothing overflows (k = 0 for |x| < 2).
+    largest = jnp.max(jnp.where(mask, jnp.abs(x), 0.0))
+    exponent = jnp.maximum(jnp.frexp(largest)[1] - 1, 0)
+    scaled = jnp.ldexp(x, -exponent)
     count = jnp.maximum(jnp.sum(mask), 1)
-    mean = jnp.sum(jnp.where(mask, x, 0.0)) / count
-    var = jnp.sum(jnp.where(mask, jnp.square(x - mean), 0.0)) / count
-    centred = x - mean if shift_mean else x
-    return jnp.where(mask, centred * jax.lax.rsqrt(var + eps), 0.0)
+    mean = jnp.sum(jnp.where(mask, scaled, 0.0)) / count
+    var = jnp.sum(jnp.where(mask, jnp.square(scaled - mean), 0.0)) / count
+    centred = scaled - mean if shift_mean else scaled
+    scaled_eps = jnp.ldexp(jnp.asarray(eps, jnp.float32), -2 * exponent)
+    return jnp.where(mask, centred * jax.lax.rsqrt(var + scaled_eps), 0.0)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -397,12 +430,40 @@ def _check_turn_ids(turn_ids: jax.Array, like: jax.Array, same_shape: bool = Fal
         )
 
 
-def _check_groups(scores: jax.Array, group_ids: jax.Array, scale: str) -> None:
+def _check_groups(
+    scores: jax.Array, group_ids: jax.Array, scale: str, num_groups: int, check_inputs: bool
+) -> None:
     if scale not in SCALES:
         raise ValueError(f"`scale` must be one of {SCALES}, got {scale!r}")
     _check_float("scores", scores, 1)
     chex.assert_type(group_ids, int, custom_message="`group_ids` must be integer")
     chex.assert_equal_shape([scores, group_ids], custom_message="`group_ids` must match `scores`")
+    _check_range("num_groups", num_groups, 1)
+    _check_ids("group_ids", group_ids, 0, num_groups, check_inputs)
+
+
+def _check_ids(name: str, ids: jax.Array, low: int, high: int, check_inputs: bool) -> None:
+    """Ids in `[low, high)`: checked now when concrete (eager calls, NumPy inputs).
+
+    Traced ids are only known at run time. With `check_inputs=True` the kernel adds a
+    `checkify.check`, so the caller must functionalise it, e.g.
+    `err, out = jax.jit(checkify.checkify(partial(kernel, check_inputs=True)))(...)`
+    then `err.throw()`; without it the range is the caller's contract.
+    """
+    if not isinstance(ids, jax.core.Tracer):
+        values = np.asarray(ids)
+        if values.size and (values.min() < low or values.max() >= high):
+            raise ValueError(
+                f"`{name}` must lie in [{low}, {high}), got values in "
+                f"[{values.min()}, {values.max()}]"
+            )
+    elif check_inputs:
+        checkify.check(
+            jnp.all((ids >= low) & (ids < high)),
+            f"`{name}` must lie in [{low}, {high}), got values in [{{lo}}, {{hi}}]",
+            lo=jnp.min(ids),
+            hi=jnp.max(ids),
+        )
 
 
 def _segment_stats(

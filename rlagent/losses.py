@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from rlagent._checks import _check_float
 from rlagent._checks import _check_like
 from rlagent._checks import _check_mask
+from rlagent._checks import _check_range
 
 AGG_MODES = (
     "token-mean",
@@ -65,9 +66,10 @@ def ppo_policy_loss(
       old_logp: `[B, T]` float behaviour log-probabilities.
       advantages: `[B, T]` float advantages.
       mask: `[B, T]` bool loss mask.
-      clip_low: lower clip range `e_low`.
-      clip_high: upper clip range `e_high`.
-      dual_clip: optional `c > 1`.
+      clip_low: lower clip range `e_low` >= 0.
+      clip_high: upper clip range `e_high` >= 0.
+      dual_clip: optional `c > 1` (ranges checked when Python numbers; traced values are
+        the caller's contract).
       agg: reduction, see `aggregate`.
 
     Returns:
@@ -78,8 +80,10 @@ def ppo_policy_loss(
     old_logp = jax.lax.stop_gradient(_check_like("old_logp", old_logp, logp))
     advantages = jax.lax.stop_gradient(_check_like("advantages", advantages, logp))
     _check_agg(agg)
-    if dual_clip is not None and isinstance(dual_clip, (int, float)) and not dual_clip > 1.0:
-        raise ValueError(f"`dual_clip` must be > 1, got {dual_clip}")
+    _check_range("clip_low", clip_low, 0.0)
+    _check_range("clip_high", clip_high, 0.0)
+    if dual_clip is not None:
+        _check_range("dual_clip", dual_clip, 1.0, open_low=True)
     log_ratio = jnp.clip(logp.astype(jnp.float32) - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = jnp.exp(log_ratio)
     unclipped = -advantages * ratio
@@ -128,7 +132,7 @@ def aggregate(x: jax.Array, mask: jax.Array, mode: str) -> jax.Array:
     if mode == "token-mean":
         return jnp.sum(masked) / jnp.maximum(jnp.sum(mask), 1)
     if mode == "seq-mean-token-sum-norm":
-        return jnp.sum(masked) / (x.shape[0] * x.shape[1])
+        return jnp.sum(masked) / max(x.shape[0] * x.shape[1], 1)  # 0 for an empty batch.
     tokens = jnp.sum(mask, axis=1)
     rows = tokens > 0
     per_row = jnp.sum(masked, axis=1)
@@ -156,12 +160,14 @@ def value_loss(
       old_values: `[B, T]` float values at rollout time.
       returns: `[B, T]` float targets.
       mask: `[B, T]` bool.
-      clip: optional clip range `c`.
+      clip: optional clip range `c` >= 0 (checked when a Python number).
       agg: reduction, see `aggregate`.
 
     Returns:
       float32 scalar.
     """
+    if clip is not None:
+        _check_range("clip", clip, 0.0)
     _check_float("values", values, 2)
     _check_mask("mask", mask, values)
     old_values = jax.lax.stop_gradient(_check_like("old_values", old_values, values))
@@ -251,9 +257,11 @@ def dpo_loss(
       policy_rejected_logp: `[N]` float log pi of the rejected answers.
       ref_chosen_logp: `[N]` float reference log-prob of the preferred answers.
       ref_rejected_logp: `[N]` float reference log-prob of the rejected answers.
-      beta: inverse temperature, > 0.
+      beta: inverse temperature, > 0 (IPO divides by it).
       kind: `"sigmoid"`, `"ipo"` or `"hinge"`.
-      label_smoothing: probability `e` that a label is flipped (sigmoid only).
+      label_smoothing: probability `e` in `[0, 1]` that a label is flipped (sigmoid only).
+        Both ranges are checked when Python numbers; traced values are the caller's
+        contract.
 
     Returns:
       `DPOOutput(losses [N], chosen_rewards [N], rejected_rewards [N])`; implicit
@@ -261,6 +269,8 @@ def dpo_loss(
     """
     if kind not in DPO_KINDS:
         raise ValueError(f"`kind` must be one of {DPO_KINDS}, got {kind!r}")
+    _check_range("beta", beta, 0.0, open_low=True)
+    _check_range("label_smoothing", label_smoothing, 0.0, 1.0)
     _check_float("policy_chosen_logp", policy_chosen_logp, 1)
     like = policy_chosen_logp
     policy_rejected_logp = _check_like("policy_rejected_logp", policy_rejected_logp, like)

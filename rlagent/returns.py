@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from rlagent._checks import _check_float
 from rlagent._checks import _check_like
 from rlagent._checks import _check_mask
+from rlagent._checks import _check_range
 from rlagent._checks import _check_rows
 from rlagent._recurrence import _bridged_recurrence
 from rlagent._recurrence import _lambda_recurrence
@@ -44,7 +45,8 @@ def discounted_returns(
     Args:
       rewards: `[B, T]` float rewards at times `[0, T)`.
       mask: `[B, T]` bool, True on positions the recursion runs over.
-      gamma: discount per unmasked step.
+      gamma: discount per unmasked step in `[0, 1]` (checked when a Python number; a
+        traced value is the caller's contract).
       bootstrap_value: `[B]` value after the last unmasked position (default 0:
         termination).
 
@@ -52,6 +54,7 @@ def discounted_returns(
       `[B, T]` float32 returns, 0 where `mask` is False.
     """
     rewards, mask, bootstrap_value = _check_rows("rewards", rewards, mask, bootstrap_value)
+    _check_range("gamma", gamma, 0.0, 1.0)
     returns = _bridged_recurrence(rewards, mask, gamma, bootstrap_value)
     return jnp.where(mask, returns, 0.0)
 
@@ -74,8 +77,9 @@ def lambda_returns(
       rewards: `[B, T]` float rewards.
       values: `[B, T]` float value estimates; read only where `mask` is True.
       mask: `[B, T]` bool.
-      gamma: discount per unmasked step.
-      lam: the lambda mixing parameter in `[0, 1]`.
+      gamma: discount per unmasked step in `[0, 1]`.
+      lam: the lambda mixing parameter in `[0, 1]` (both checked when Python numbers; traced
+        values are the caller's contract).
       bootstrap_value: `[B]` value after the last unmasked position (default 0).
 
     Returns:
@@ -83,6 +87,8 @@ def lambda_returns(
     """
     rewards, mask, bootstrap_value = _check_rows("rewards", rewards, mask, bootstrap_value)
     values = _check_like("values", values, rewards)
+    _check_range("gamma", gamma, 0.0, 1.0)
+    _check_range("lam", lam, 0.0, 1.0)
     return jnp.where(
         mask, _lambda_recurrence(rewards, values, mask, bootstrap_value, gamma, lam), 0.0
     )
@@ -160,8 +166,9 @@ def prm_rewards(
       scores: `[B, S]` float step scores.
       turn_mask: `[B, S]` bool valid turns; invalid turns are bridged.
       form: `"sum"`, `"min"` or `"potential"`.
-      temperature: softmin temperature of `"min"`, > 0.
-      gamma: discount of the potential-based shaping.
+      temperature: softmin temperature of `"min"`, > 0 (checked when a Python number); a
+        traced 0 gives the hard minimum, a traced negative value is the caller's contract.
+      gamma: discount of the potential-based shaping, in `[0, 1]`.
 
     Returns:
       `[B, S]` float32 per-turn rewards, 0 on invalid turns.
@@ -174,17 +181,22 @@ def prm_rewards(
     if form == "sum":
         return jnp.where(turn_mask, scores, 0.0)
     if form == "potential":
+        _check_range("gamma", gamma, 0.0, 1.0)
         next_potential = _next_unmasked(scores, turn_mask, jnp.zeros(scores.shape[:1]))
         return jnp.where(turn_mask, gamma * next_potential - scores, 0.0)
-    if isinstance(temperature, (int, float)) and not temperature > 0:
-        raise ValueError(f"`temperature` must be > 0, got {temperature}")
+    _check_range("temperature", temperature, 0.0, open_low=True)
     num_turns = scores.shape[1]
     turn_index = jnp.arange(num_turns)
     # future[b, s, s'] selects the valid turns s' >= s; S is small at turn level, so the
     # O(S^2) softmin is cheaper and simpler than a streaming one.
     future = (turn_index[None, :] >= turn_index[:, None])[None] & turn_mask[:, None, :]
-    logits = jnp.where(future, -scores[:, None, :] / temperature, -jnp.inf)
     has_future = jnp.any(future, axis=-1, keepdims=True)
+    # Scores above the future minimum, so the minimum has logit 0 and a traced
+    # temperature of 0 gives the hard minimum (its limit) instead of 0 / 0.
+    future_min = jnp.min(jnp.where(future, scores[:, None, :], jnp.inf), axis=-1, keepdims=True)
+    excess = jnp.where(future, scores[:, None, :] - jnp.where(has_future, future_min, 0.0), 0.0)
+    inverse_temperature = jnp.where(temperature > 0, 1.0 / temperature, jnp.inf)
+    logits = jnp.where(future, jnp.where(excess > 0, -excess * inverse_temperature, 0.0), -jnp.inf)
     weights = jax.nn.softmax(jnp.where(has_future, logits, 0.0), axis=-1)
     soft_min = jnp.sum(jnp.where(future, weights * scores[:, None, :], 0.0), axis=-1)
     next_soft_min = _next_unmasked(soft_min, turn_mask, jnp.zeros(scores.shape[:1]))

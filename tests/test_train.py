@@ -41,9 +41,9 @@ SMOKE = TrainConfig(num_updates=50, num_groups=16, group_size=8, reward="process
                     learning_rate=1e-3)  # fmt: skip
 
 
-def test_dense_process_reward_solves_level_1():
+def test_dense_process_reward_solves_level_1(tmp_path):
     """Seeded smoke run: >= 0.9 success on level 1 within 50 updates (~15k turns)."""
-    rows = loop.run(SMOKE, ENV, POLICY, ROLLOUT, seeds=[0], workdir="/tmp/unused",
+    rows = loop.run(SMOKE, ENV, POLICY, ROLLOUT, seeds=[0], workdir=str(tmp_path),
                     progress=False, tensorboard=False, checkpoint=False)  # fmt: skip
     success = [row["success"] for row in rows]
     assert np.mean(success[:3]) < 0.5  # it starts far from solved ...

@@ -3,9 +3,19 @@
 Usage:
   python -m experiments.sparse_vs_dense --config=experiments/configs/sparse_vs_dense.py \
       --config.train.num_updates=80 --config.seeds=3
+
+Each section holds every field of its typed config (defaults unless set here), so any
+field can be overridden from the command line.
 """
 
 import ml_collections
+
+from rlagent.envs import ToolWorldConfig
+from rlagent.envs import dsl
+from rlagent.models import PolicyConfig
+from rlagent.rollout import RolloutConfig
+from rlagent.train.config import TrainConfig
+from rlagent.train.experiment import section
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -17,30 +27,39 @@ def get_config() -> ml_collections.ConfigDict:
     config.chunk_size = 10  # updates per jitted call between metric writes / checkpoints.
 
     # ToolWorld (rlagent.envs.ToolWorldConfig fields).
-    config.env = ml_collections.ConfigDict()
-    config.env.level = 2  # several tools: where sparse and dense rewards part ways.
+    config.env = section(
+        ToolWorldConfig,
+        level=2,  # several tools: where sparse and dense rewards part ways.
+    )
 
     # Policy LM (rlagent.models.PolicyConfig fields): a tiny Llama with a copy gate.
-    config.model = ml_collections.ConfigDict()
-    config.model.d_model = 32
-    config.model.num_layers = 1
-    config.model.num_heads = 2
-    config.model.num_kv_heads = 1
-    config.model.mlp_dim = 64
-    config.model.summary_dim = 32
-    config.model.num_summary_slots = 2
-    config.model.copy_prior = 3.0  # learned pointer prior towards observed tokens.
+    config.model = section(
+        PolicyConfig,
+        vocab_size=dsl.VOCAB_SIZE,
+        d_model=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        mlp_dim=64,
+        summary_dim=32,
+        num_summary_slots=2,
+        copy_prior=3.0,  # learned pointer prior towards observed tokens.
+    )
 
     # Rollout (rlagent.rollout.RolloutConfig fields).
-    config.rollout = ml_collections.ConfigDict()
-    config.rollout.window = 1  # sliding window of turns kept verbatim; None = full context.
-    config.rollout.constrained = True  # DSL grammar mask while sampling.
+    config.rollout = section(
+        RolloutConfig,
+        window=1,  # sliding window of turns kept verbatim; None = full context.
+        constrained=True,  # DSL grammar mask while sampling.
+    )
 
     # PPO (rlagent.train.TrainConfig fields).
-    config.train = ml_collections.ConfigDict()
-    config.train.num_updates = 120
-    config.train.num_groups = 8  # tasks per update ...
-    config.train.group_size = 8  # ... times episodes per task.
-    config.train.estimator = "gae_turn"
-    config.train.learning_rate = 1e-3
+    config.train = section(
+        TrainConfig,
+        num_updates=120,
+        num_groups=8,  # tasks per update ...
+        group_size=8,  # ... times episodes per task.
+        estimator="gae_turn",
+        learning_rate=1e-3,
+    )
     return config

@@ -63,6 +63,21 @@ class PolicyConfig:
     dtype: str = "float32"  # compute dtype of matmuls (softmaxes and norms run in float32).
 
     def __post_init__(self):
+        positive = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "mlp_dim",
+                    "summary_dim", "max_markers", "num_marker_states")  # fmt: skip
+        for name in positive:
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"PolicyConfig.{name} must be an integer >= 1, got "
+                                 f"{getattr(self, name)!r}")  # fmt: skip
+        if self.head_dim is not None and (not isinstance(self.head_dim, int) or self.head_dim < 1):
+            raise ValueError(f"PolicyConfig.head_dim must be None or >= 1, got {self.head_dim!r}")
+        if not 0 <= self.pad_id < self.vocab_size:
+            raise ValueError(f"PolicyConfig.pad_id must be in [0, vocab_size), got {self.pad_id}")
+        if not (self.norm_eps > 0 and self.rope_theta > 0):  # also rejects NaN.
+            raise ValueError(
+                f"PolicyConfig.norm_eps and rope_theta must be > 0, got {self.norm_eps}, "
+                f"{self.rope_theta}"
+            )
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"

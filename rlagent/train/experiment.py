@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
+import typing
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
@@ -15,6 +17,7 @@ from typing import NamedTuple
 
 import jax
 import ml_collections
+from ml_collections import config_dict
 
 from rlagent.envs import ToolWorld
 from rlagent.envs import ToolWorldConfig
@@ -22,6 +25,7 @@ from rlagent.envs import dsl
 from rlagent.models import PolicyConfig
 from rlagent.rollout import RolloutConfig
 from rlagent.train import loop
+from rlagent.train import provenance
 from rlagent.train import report
 from rlagent.train.config import TrainConfig
 from rlagent.train.writers import MetricWriter
@@ -85,30 +89,46 @@ def run_and_report(
     *,
     workdir: str,
     resume: bool = False,
+    overwrite: bool = False,
     title: str = "",
     mesh: jax.sharding.Mesh | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Trains every run (seeds in parallel), then writes metrics.csv, curves.png, summary.*."""
-    os.makedirs(workdir, exist_ok=True)
+    """Trains every run (seeds in parallel), then writes metrics.csv, curves.png, summary.*.
+
+    A workdir that holds anything is refused unless `resume` (continue every run, see
+    `rlagent.train.loop`) or `overwrite` (start clean) is set. A run that diverges is
+    reported (marked in the summary) and `loop.Diverged` is raised after the report.
+    """
+    if int(config.seeds) < 1:
+        raise ValueError(f"config.seeds must be >= 1, got {config.seeds}.")
     seeds = list(range(config.first_seed, config.first_seed + config.seeds))
-    rows = []
-    for run in runs:
-        setup = build(run.config)
+    setups = [build(run.config) for run in runs]  # config errors before anything is written.
+    _prepare_workdir(workdir, resume=resume, overwrite=overwrite)
+    start = time.time()
+    record = provenance.collect(config.to_dict(), runs=[run.name for run in runs])
+    provenance.write(workdir, record)
+    rows, diverged = [], []
+    for run, setup in zip(runs, setups, strict=True):
         conditions = [label.split("/")[0] for label in run.conditions]
-        run_rows = loop.run(
-            setup.train_config,
-            setup.env,
-            setup.policy_config,
-            setup.rollout_config,
-            seeds=seeds,
-            conditions=conditions,
-            workdir=os.path.join(workdir, run.name),
-            chunk_size=config.chunk_size,
-            resume=resume,
-            mesh=mesh,
-            progress=progress,
-        )
+        try:
+            run_rows = loop.run(
+                setup.train_config,
+                setup.env,
+                setup.policy_config,
+                setup.rollout_config,
+                seeds=seeds,
+                conditions=conditions,
+                workdir=os.path.join(workdir, run.name),
+                chunk_size=config.chunk_size,
+                resume=resume,
+                overwrite=overwrite,
+                mesh=mesh,
+                progress=progress,
+            )
+        except loop.Diverged as error:
+            run_rows = error.rows
+            diverged.append(f"{run.name}: {error}")
         labels = dict(zip(conditions, run.conditions, strict=True))
         rows += [{**row, "condition": labels[row["condition"]]} for row in run_rows]
     merged = MetricWriter(workdir, tensorboard=False)
@@ -124,7 +144,69 @@ def run_and_report(
         preface=preface,
     )
     print(preface + report.markdown_table(summary))
+    provenance.write(workdir, {**record, "wall_s": round(time.time() - start, 1)})
+    if diverged:
+        raise loop.Diverged(" ".join(diverged), rows)
     return summary
+
+
+def section(cls: type, **values: Any) -> ml_collections.ConfigDict:
+    """A config section holding every field of dataclass `cls`: its default, or `values`.
+
+    Every field exists, so any of them can be overridden from the command line; a field
+    whose default is None is a typed placeholder (`--config.train.kl_target=0.02` works).
+    """
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ValueError(f"Unknown {cls.__name__} fields {unknown}; known: {sorted(fields)}.")
+    hints = typing.get_type_hints(cls)
+    out = ml_collections.ConfigDict()
+    for name, field in fields.items():
+        value = values.get(name, field.default)
+        if value is None:
+            types = [t for t in typing.get_args(hints[name]) if t is not type(None)]
+            value = config_dict.placeholder(typing.get_origin(types[0]) or types[0])
+        out[name] = value
+    return out
+
+
+def unknown_override(config: ml_collections.ConfigDict, argv: Sequence[str]) -> str | None:
+    """Names the first `--config.a.b=...` of `argv` that is no field of `config`, if any."""
+    for arg in argv:
+        if not arg.startswith("--config."):
+            continue
+        path = arg.removeprefix("--config.").split("=", 1)[0].split(".")
+        node = config
+        for depth, name in enumerate(path):
+            if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+                where = ".".join(["config", *path[:depth]])
+                known = (
+                    ", ".join(sorted(node)) if isinstance(node, ml_collections.ConfigDict) else ""
+                )
+                return f"Unknown config field {where}.{name}; {where} has: {known}."
+            node = node[name]
+    return None
+
+
+# Files of an experiment workdir that `overwrite=True` removes (run folders clean their own).
+REPORT_FILES = ("metrics.csv", "curves.png", "summary.md", "summary.json", provenance.FILENAME)
+
+
+def _prepare_workdir(workdir: str, *, resume: bool, overwrite: bool) -> None:
+    if resume and overwrite:
+        raise ValueError("resume and overwrite exclude each other.")
+    entries = sorted(os.listdir(workdir)) if os.path.isdir(workdir) else []
+    if entries and not (resume or overwrite):
+        raise loop.RunError(
+            f"{workdir} is not empty ({', '.join(entries[:5])}); pass --resume "
+            "to continue its runs or --overwrite to replace them."
+        )
+    if overwrite:
+        for name in REPORT_FILES:
+            if os.path.exists(os.path.join(workdir, name)):
+                os.remove(os.path.join(workdir, name))
+    os.makedirs(workdir, exist_ok=True)
 
 
 def _make(cls, values: Mapping[str, Any], section: str):

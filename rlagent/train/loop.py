@@ -2,15 +2,29 @@
 
 The device program is `jit(vmap(scan(update)))`: `chunk_size` PPO updates for every run
 (reward condition x seed) in one call. Between chunks the host writes metrics and an
-Orbax checkpoint of the runner states; `resume=True` restores the newest checkpoint and
-continues exactly (the PRNG key lives in the state, so the continued run equals an
-uninterrupted one).
+Orbax checkpoint of the runner states; `resume=True` restores the newest readable
+checkpoint and continues exactly (the PRNG key lives in the state, so the continued run
+equals an uninterrupted one).
+
+What a run folder guarantees:
+- A new run refuses a folder that holds anything unless `overwrite=True` (which removes
+  the old metrics, checkpoints, TensorBoard events and provenance first) or `resume=True`.
+- `provenance.json` stores the resolved config; `resume=True` refuses a different one
+  with a one-line diff. Only `RESUMABLE_FIELDS` may change (`train.num_updates` only with
+  a constant learning rate, since decaying schedules span `num_updates`); the arguments
+  `chunk_size`, `stop_after`, `progress`, `tensorboard` and `mesh` are not part of it.
+- A checkpoint that cannot be read is named, removed, and the newest readable one is
+  used; metrics past the restored step are dropped.
+- A non-finite loss or gradient (flagged inside the compiled update, which then skips
+  that parameter update) stops the run at the next metric write with `Diverged`; the
+  state of that chunk is not checkpointed, so the last checkpoint is finite.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import shutil
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -19,14 +33,38 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
 from tqdm.auto import tqdm
 
+from rlagent.train import provenance
 from rlagent.train.config import TrainConfig
+from rlagent.train.ppo import NONFINITE_METRICS
 from rlagent.train.ppo import RunnerState
 from rlagent.train.ppo import Trainer
 from rlagent.train.ppo import make_train
 from rlagent.train.rewards import reward_weights
 from rlagent.train.writers import MetricWriter
+
+# Files and folders of a run folder that `overwrite=True` removes.
+RUN_FILES = ("metrics.csv", "checkpoints", "tensorboard", provenance.FILENAME)
+# Config fields a resumed run may change (dotted paths into the resolved config).
+RESUMABLE_FIELDS = ("train.num_updates",)
+_RESUMABLE_NOTE = (
+    "nothing may change on resume with a decaying lr_schedule, which spans num_updates",
+    f"only {', '.join(RESUMABLE_FIELDS)} may change on resume",
+)
+
+
+class RunError(RuntimeError):
+    """A run refused or stopped: the message says why and what to do."""
+
+
+class Diverged(RunError):
+    """Training hit a non-finite loss or gradient; `rows` are the metrics written."""
+
+    def __init__(self, message: str, rows: list[dict[str, Any]]):
+        super().__init__(message)
+        self.rows = rows
 
 
 def run(
@@ -40,6 +78,7 @@ def run(
     conditions: Sequence[str] | None = None,
     chunk_size: int = 10,
     resume: bool = False,
+    overwrite: bool = False,
     stop_after: int | None = None,
     mesh: jax.sharding.Mesh | None = None,
     progress: bool = True,
@@ -55,60 +94,192 @@ def run(
     `seed`, `env_turns_total` (turns of experience so far in that run) and
     `turns_per_sec` (the chunk's throughput over all runs). `stop_after` ends this call
     after that many updates in total (a checkpoint is written; `resume=True` continues).
+    See the module docstring for `resume` / `overwrite` and the errors raised
+    (`RunError`, `Diverged`).
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
+    if not seeds:
+        raise ValueError("seeds must name at least one seed.")
+    if resume and overwrite:
+        raise ValueError("resume=True and overwrite=True exclude each other.")
     conditions = list(conditions) if conditions else [config.reward]
     runs = [(condition, int(seed)) for condition in conditions for seed in seeds]
+    env_config = getattr(env, "config", repr(env))
+    resolved = provenance.resolved(
+        train=config,
+        env=env_config,
+        model=policy_config,
+        rollout=rollout_config,
+        seeds=[int(seed) for seed in seeds],
+        conditions=conditions,
+    )
+    resume = _prepare_workdir(workdir, resolved, config, resume=resume, overwrite=overwrite)
+    os.makedirs(workdir, exist_ok=True)
+    provenance.write(workdir, provenance.collect(resolved, chunk_size=chunk_size))
     trainer = _trainer(config, env, policy_config, rollout_config, mesh)
-    writer = MetricWriter(workdir, tensorboard=tensorboard)
-    manager = _checkpoint_manager(workdir) if checkpoint else None
     keys = jnp.stack([jax.random.PRNGKey(seed) for _, seed in runs])
     weights = jnp.stack([reward_weights(config, condition) for condition, _ in runs])
-    state = jax.jit(jax.vmap(trainer.init))(keys, weights)
-    rows: list[dict[str, Any]] = []
-    done = 0
-    if resume and manager is not None and manager.latest_step() is not None:
-        done = int(manager.latest_step())
-        state = manager.restore(done, args=ocp.args.StandardRestore(state))
-        rows = writer.truncate(done)
-    else:
-        writer.clear()
+    state = _init(trainer)(keys, weights)
+    writer, manager = MetricWriter(workdir, tensorboard=tensorboard), None
+    try:
+        manager = _checkpoint_manager(workdir) if checkpoint else None
+        done = 0
+        if resume and manager is not None:
+            done, state = _restore(manager, state)
+        rows = writer.truncate(done) if done else []
+        if not done:
+            writer.clear()
+        return _train(
+            trainer,
+            state,
+            done,
+            rows,
+            runs,
+            config,
+            writer,
+            manager,
+            chunk_size=chunk_size,
+            stop_after=stop_after,
+            progress=progress,
+        )
+    finally:
+        writer.close()
+        if manager is not None:
+            manager.close()
+
+
+def _train(
+    trainer, state, done, rows, runs, config, writer, manager, *, chunk_size, stop_after, progress
+) -> list[dict[str, Any]]:
     totals = dict.fromkeys(runs, 0.0)
     for row in rows:
         totals[(row["condition"], int(row["seed"]))] = float(row["env_turns_total"])
     last = config.num_updates if stop_after is None else min(stop_after, config.num_updates)
+    conditions = list(dict.fromkeys(condition for condition, _ in runs))
     bar = tqdm(total=last, initial=done, desc=",".join(conditions), disable=not progress)
-    while done < last:
-        length = min(chunk_size, last - done)
-        chunk = _chunk(trainer, length)
-        start = time.perf_counter()
-        state, metrics = chunk(state)
-        metrics = jax.device_get(metrics)  # [runs, length] per metric; waits for the device.
-        seconds = time.perf_counter() - start
-        throughput = float(np.sum(metrics["env_turns"])) / seconds
-        new_rows = []
-        for t in range(length):
-            for i, (condition, seed) in enumerate(runs):
-                totals[(condition, seed)] += float(metrics["env_turns"][i, t])
-                row = {"condition": condition, "update": done + t + 1, "seed": seed}
-                row.update({k: float(v[i, t]) for k, v in sorted(metrics.items())})
-                row["env_turns_total"] = totals[(condition, seed)]
-                row["turns_per_sec"] = throughput
-                new_rows.append(row)
-        done += length
-        writer.write(new_rows)
-        rows.extend(new_rows)
-        if manager is not None:
-            manager.save(done, args=ocp.args.StandardSave(state))
-            manager.wait_until_finished()
-        bar.update(length)
-        bar.set_postfix(success=f"{np.mean(metrics['success'][:, -1]):.2f}")
-    bar.close()
-    writer.close()
-    if manager is not None:
-        manager.close()
+    try:
+        while done < last:
+            length = min(chunk_size, last - done)
+            chunk = _chunk(trainer, length)
+            start = time.perf_counter()
+            state, metrics = chunk(state)
+            metrics = jax.device_get(metrics)  # [runs, length] per metric; waits for the device.
+            seconds = time.perf_counter() - start
+            throughput = float(np.sum(metrics["env_turns"])) / seconds
+            diverged = _first_nonfinite(metrics)
+            new_rows = []
+            for t in range(length if diverged is None else diverged + 1):
+                for i, (condition, seed) in enumerate(runs):
+                    totals[(condition, seed)] += float(metrics["env_turns"][i, t])
+                    row = {"condition": condition, "update": done + t + 1, "seed": seed}
+                    row.update({k: float(v[i, t]) for k, v in sorted(metrics.items())})
+                    row["env_turns_total"] = totals[(condition, seed)]
+                    row["turns_per_sec"] = throughput
+                    new_rows.append(row)
+            writer.write(new_rows)
+            rows.extend(new_rows)
+            if diverged is not None:
+                raise Diverged(_divergence_message(metrics, diverged, done, runs, manager), rows)
+            done += length
+            if manager is not None:
+                _save(manager, done, state)
+            bar.update(length)
+            bar.set_postfix(success=f"{np.mean(metrics['success'][:, -1]):.2f}")
+    finally:
+        bar.close()
     return rows
+
+
+def _prepare_workdir(workdir, resolved, config, *, resume, overwrite) -> bool:
+    """Checks the run folder against the request; returns whether there is a run to resume."""
+    entries = sorted(os.listdir(workdir)) if os.path.isdir(workdir) else []
+    if resume:
+        if not entries:
+            logging.warning("--resume: %s holds no run; starting from scratch.", workdir)
+            return False
+        stored = provenance.read(workdir)
+        if stored is None:
+            raise RunError(
+                f"Cannot resume {workdir}: it has no {provenance.FILENAME}, so "
+                "its config is unknown; pass overwrite to start again."
+            )
+        may_change = RESUMABLE_FIELDS if config.lr_schedule == "constant" else ()
+        diff = provenance.config_mismatch(stored["config"], resolved, may_change)
+        if diff:
+            raise RunError(
+                f"Cannot resume {workdir} with a different config: {'; '.join(diff)} "
+                f"({_RESUMABLE_NOTE[bool(may_change)]})."
+            )
+        return True
+    if entries and not overwrite:
+        raise RunError(
+            f"{workdir} is not empty ({', '.join(entries[:5])}); pass resume to "
+            "continue that run or overwrite to replace it."
+        )
+    for name in entries:
+        path = os.path.join(workdir, name)
+        if name in RUN_FILES:
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    return False
+
+
+def _restore(manager: ocp.CheckpointManager, state: RunnerState) -> tuple[int, RunnerState]:
+    """The newest readable checkpoint; unreadable newer ones are named and removed."""
+    for step in sorted(manager.all_steps(), reverse=True):
+        try:
+            restored = manager.restore(step, args=ocp.args.StandardRestore(state))
+        except Exception as error:  # noqa: BLE001 - any failure to read means a broken step.
+            logging.warning(
+                "Checkpoint step %d in %s is unreadable (%s: %s); removing it and "
+                "trying an older one.",
+                step,
+                manager.directory,
+                type(error).__name__,
+                str(error).splitlines()[0][:200],
+            )
+            shutil.rmtree(os.path.join(manager.directory, str(step)))
+            manager.reload()
+            continue
+        logging.warning("Resuming %s from checkpoint step %d.", manager.directory, step)
+        return int(step), restored
+    logging.warning(
+        "--resume: no readable checkpoint in %s; starting from scratch.", manager.directory
+    )
+    return 0, state
+
+
+def _save(manager: ocp.CheckpointManager, step: int, state: RunnerState) -> None:
+    try:
+        manager.save(step, args=ocp.args.StandardSave(state))
+    except Exception as error:
+        raise RunError(
+            f"Could not write checkpoint step {step} to {manager.directory}: "
+            f"{type(error).__name__}: {error}"
+        ) from error
+
+
+def _first_nonfinite(metrics: dict[str, np.ndarray]) -> int | None:
+    """Index of the first update of the chunk whose flags report a non-finite value."""
+    flags = np.any([metrics[name] > 0 for name in NONFINITE_METRICS], axis=(0, 1))
+    return int(np.argmax(flags)) if flags.any() else None
+
+
+def _divergence_message(metrics, t, done, runs, manager) -> str:
+    bad = [
+        f"{condition}/seed {seed}: "
+        + ", ".join(
+            name.removeprefix("nonfinite_") for name in NONFINITE_METRICS if metrics[name][i, t] > 0
+        )
+        for i, (condition, seed) in enumerate(runs)
+        if any(metrics[name][i, t] > 0 for name in NONFINITE_METRICS)
+    ]
+    kept = manager.latest_step() if manager is not None else None
+    where = f"checkpoint of update {kept} kept" if kept else "no checkpoint kept"
+    return (
+        f"Diverged at update {done + t + 1}: non-finite {'; '.join(bad)}. Training "
+        f"stopped ({where}); lower the learning rate or check the rewards."
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -116,6 +287,11 @@ def _trainer(config, env, policy_config, rollout_config, mesh) -> Trainer:
     # Cached so that repeated runs of one setup (resume, several calls in a notebook or a
     # test) reuse the compiled chunks below instead of tracing a new closure.
     return make_train(config, env, policy_config, rollout_config, mesh=mesh)
+
+
+@functools.lru_cache(maxsize=16)
+def _init(trainer: Trainer):
+    return jax.jit(jax.vmap(trainer.init))
 
 
 @functools.lru_cache(maxsize=32)
@@ -129,7 +305,9 @@ def _chunk(trainer: Trainer, length: int):
 
 
 def _checkpoint_manager(workdir: str) -> ocp.CheckpointManager:
+    # Synchronous saves: the loop waits for each checkpoint anyway, and an error (a full
+    # or unwritable disk) is raised here instead of in a background thread.
     return ocp.CheckpointManager(
         os.path.abspath(os.path.join(workdir, "checkpoints")),
-        options=ocp.CheckpointManagerOptions(max_to_keep=2),
+        options=ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=False),
     )

@@ -37,6 +37,9 @@ from rlagent.types import Trajectory
 from rlagent.types import action_rows
 
 Metrics = dict[str, jax.Array]
+# Fractions of an update's minibatch steps whose loss / gradients were not finite; such a
+# step leaves parameters and optimiser state unchanged (the host loop stops the run).
+NONFINITE_METRICS = ("nonfinite_loss", "nonfinite_grads")
 
 
 class RunnerState(NamedTuple):
@@ -205,10 +208,21 @@ def _optimise(
 
     def minibatch_step(carry, minibatch):
         params, opt_state = carry
-        grads, stats = jax.grad(loss, has_aux=True)(params, minibatch, kl_coef)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        stats["grad_norm"] = optax.tree_utils.tree_norm(grads)
+        (value, stats), grads = jax.value_and_grad(loss, has_aux=True)(params, minibatch, kl_coef)
+        updates, new_opt_state = optimizer.update(grads, opt_state, params)
+        grad_norm = optax.tree_utils.tree_norm(grads)
+        finite_loss, finite_grads = jnp.isfinite(value), jnp.isfinite(grad_norm)
+        # A non-finite step leaves parameters and optimiser state as they were (selected,
+        # not branched: no host sync); the flags below let the host loop stop the run.
+        keep = finite_loss & finite_grads
+        params, opt_state = jax.tree.map(
+            lambda new, old: jnp.where(keep, new, old),
+            (optax.apply_updates(params, updates), new_opt_state),
+            (params, opt_state),
+        )
+        stats["grad_norm"] = grad_norm
+        stats["nonfinite_loss"] = 1.0 - finite_loss.astype(jnp.float32)
+        stats["nonfinite_grads"] = 1.0 - finite_grads.astype(jnp.float32)
         return (params, opt_state), stats
 
     return jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, config.num_epochs))

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from rlagent.train.ppo import NONFINITE_METRICS
+
 # Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30; 1.96 beyond.
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
          2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
@@ -43,7 +45,8 @@ def summarize(
     updates; `turns_to_<p>` is the experience (environment turns) after the first update
     whose success reached p (None when never reached); `violation_rate`, `turns`,
     `turns_over_plan` are averaged over the same final updates, `violation_rate_all` over
-    every update (violations made while learning).
+    every update (violations made while learning). `diverged_seeds` counts seeds whose
+    training stopped on a non-finite loss or gradient (their numbers end there).
     """
     summary = {}
     for condition, seeds in _curves(rows).items():
@@ -60,6 +63,10 @@ def summarize(
                 first = next((r for r in seed_rows if r["success"] >= p), None)
                 reached[p].append(None if first is None else float(first["env_turns_total"]))
         entry: dict[str, Any] = {"num_seeds": len(seeds)}
+        entry["diverged_seeds"] = sum(
+            any(row.get(key, 0) > 0 for row in seed_rows for key in NONFINITE_METRICS)
+            for seed_rows in seeds
+        )
         entry["final_success"] = mean_ci(per_seed["success"])
         for key in ("violation_rate", "violation_rate_all", "turns", "turns_over_plan"):
             entry[key] = mean_ci(per_seed[key])
@@ -82,6 +89,8 @@ def markdown_table(summary: Mapping[str, Mapping[str, Any]]) -> str:
     header += ["turns over plan"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for condition, entry in summary.items():
+        if entry.get("diverged_seeds"):
+            condition = f"{condition} (DIVERGED: {entry['diverged_seeds']} seeds)"
         cells = [condition, str(entry["num_seeds"]), _pm(entry["final_success"])]
         for k in keys:
             hit = entry[k]

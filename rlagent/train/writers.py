@@ -6,6 +6,7 @@ import csv
 import os
 from collections.abc import Iterable
 from collections.abc import Mapping
+from typing import TextIO
 
 
 class MetricWriter:
@@ -25,16 +26,26 @@ class MetricWriter:
             self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
     def read(self) -> list[dict[str, float]]:
+        """The rows on disk; a last line cut short by a killed write is ignored."""
         if not os.path.exists(self.path):
             return []
         with open(self.path, newline="") as f:
-            return [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(f)]
+            text = f.read()
+        lines = text.splitlines(keepends=True)
+        if lines and not lines[-1].endswith("\n"):
+            lines = lines[:-1]
+        return [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(lines)]
 
     def truncate(self, after_update: int) -> list[dict[str, float]]:
-        """Keeps rows with `update <= after_update`; returns them."""
+        """Keeps rows with `update <= after_update`; returns them.
+
+        The file is replaced atomically, so a kill during the rewrite loses no row.
+        """
         rows = [row for row in self.read() if row["update"] <= after_update]
-        self.clear()
-        self.write(rows, tensorboard=False)
+        partial = self.path + ".tmp"
+        with open(partial, "w", newline="") as f:
+            _write_csv(f, rows, header=True)
+        os.replace(partial, self.path)
         return rows
 
     def clear(self) -> None:
@@ -46,13 +57,9 @@ class MetricWriter:
         rows = list(rows)
         if not rows:
             return
-        exists = os.path.exists(self.path)
-        fields = list(dict.fromkeys(key for row in rows for key in row))
+        header = not os.path.exists(self.path) or os.path.getsize(self.path) == 0
         with open(self.path, "a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=fields)
-            if not exists:
-                writer.writeheader()
-            writer.writerows(rows)
+            _write_csv(f, rows, header=header)
         if tensorboard and self._tb is not None:
             for row in rows:
                 tag = f"{row.get('condition', 'run')}/seed{int(row['seed'])}"
@@ -64,6 +71,15 @@ class MetricWriter:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+
+
+def _write_csv(f: TextIO, rows: list[Mapping[str, float]], *, header: bool) -> None:
+    if not rows:
+        return
+    writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(key for row in rows for key in row)))
+    if header:
+        writer.writeheader()
+    writer.writerows(rows)
 
 
 def _number(text: str) -> float | str:

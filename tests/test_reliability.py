@@ -1,0 +1,328 @@
+"""Runs that never lose or mix results: workdir safety, resume checks, divergence, faults.
+
+Every loop run here uses the tiny setup of tests/test_train.py's resume test (same
+objects, same shapes), so the compiled chunk of `rlagent.train.loop` is shared.
+"""
+
+import dataclasses
+import glob
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from experiments.configs import sparse_vs_dense as default_config
+from rlagent.envs import ToolWorldConfig
+from rlagent.models import PolicyConfig
+from rlagent.rollout import RolloutConfig
+from rlagent.train import TrainConfig
+from rlagent.train import experiment
+from rlagent.train import loop
+from rlagent.train import provenance
+from rlagent.train import report
+from rlagent.train.ppo import NONFINITE_METRICS
+from rlagent.train.writers import MetricWriter
+from tests.test_train import ENV
+from tests.test_train import POLICY
+from tests.test_train import ROLLOUT
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = TrainConfig(num_updates=2, num_groups=2, group_size=2, num_minibatches=1,
+                   reward="process")  # fmt: skip
+KWARGS = dict(seeds=[0, 1], conditions=["process", "outcome"], chunk_size=1, progress=False,
+              tensorboard=False)  # fmt: skip
+
+
+def _run(workdir, config=TINY, **kwargs):
+    return loop.run(config, ENV, POLICY, ROLLOUT, workdir=str(workdir), **{**KWARGS, **kwargs})
+
+
+def _strip(rows):
+    return [{k: v for k, v in row.items() if k != "turns_per_sec"} for row in rows]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """An uninterrupted run of TINY: its rows and workdir."""
+    workdir = tmp_path_factory.mktemp("straight")
+    return _run(workdir), workdir
+
+
+def test_non_empty_workdir_is_refused_and_overwrite_starts_clean(straight, tmp_path):
+    rows, old_run = straight
+    shutil.copytree(old_run, tmp_path, dirs_exist_ok=True)  # an old run: checkpoints 1, 2.
+    with pytest.raises(loop.RunError, match="is not empty.*resume.*overwrite"):
+        _run(tmp_path)
+    again = _run(tmp_path, overwrite=True, stop_after=1)
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1"]  # no old checkpoint left.
+    assert len((tmp_path / "metrics.csv").read_text().splitlines()) == 1 + len(again) == 5
+    resumed = _run(tmp_path, resume=True)  # continues the new run, not the old one.
+    assert _strip(resumed) == _strip(rows)
+
+
+def test_resume_refuses_a_changed_config_before_restoring(straight, tmp_path, monkeypatch):
+    _, workdir = straight
+    restored = []
+    monkeypatch.setattr(loop, "_restore", lambda *a: restored.append(a))
+    with pytest.raises(loop.RunError, match=r"seeds: \[0, 1\] -> \[7, 8\]"):
+        _run(workdir, resume=True, seeds=[7, 8])
+    faster = dataclasses.replace(TINY, learning_rate=1e-2)
+    with pytest.raises(loop.RunError, match=r"train.learning_rate: 0.003 -> 0.01"):
+        _run(workdir, config=faster, resume=True)
+    wider = dataclasses.replace(POLICY, d_model=64)
+    with pytest.raises(loop.RunError, match=r"^Cannot resume .* model.d_model: 32 -> 64 \("):
+        loop.run(TINY, ENV, wider, ROLLOUT, workdir=str(workdir), resume=True, **KWARGS)
+    decaying = dataclasses.replace(TINY, num_updates=3, lr_schedule="linear")
+    with pytest.raises(loop.RunError, match="train.num_updates: 2 -> 3"):
+        _run(workdir, config=decaying, resume=True)
+    assert not restored
+    stored = provenance.read(str(workdir))
+    assert stored["config"]["train"]["learning_rate"] == 3e-3
+    assert stored["config"]["seeds"] == [0, 1] and stored["git"]["commit"]
+    assert {"command", "packages", "devices"} <= set(stored)
+
+
+class _Checked(Exception):
+    """Raised in place of building the trainer: the workdir checks have passed."""
+
+
+def _stop_after_checks(monkeypatch):
+    def stop(*args):
+        raise _Checked
+
+    monkeypatch.setattr(loop, "_trainer", stop)
+
+
+def test_resume_may_extend_num_updates(straight, tmp_path, monkeypatch):
+    shutil.copytree(straight[1], tmp_path, dirs_exist_ok=True)
+    _stop_after_checks(monkeypatch)
+    with pytest.raises(_Checked):
+        _run(tmp_path, config=dataclasses.replace(TINY, num_updates=5), resume=True)
+
+
+def test_resume_of_a_missing_workdir_says_so(tmp_path, caplog, monkeypatch):
+    _stop_after_checks(monkeypatch)
+    with caplog.at_level(logging.WARNING), pytest.raises(_Checked):
+        _run(tmp_path / "nothing", resume=True)
+    assert "holds no run; starting from scratch" in caplog.text
+
+
+def test_checkpoint_write_failure_is_a_clear_error_and_closes(tmp_path, monkeypatch):
+    def fail(self, step, *args, **kwargs):
+        raise PermissionError(f"[Errno 13] Permission denied: '{self.directory}/{step}'")
+
+    closed = []
+    close = ocp.CheckpointManager.close
+    monkeypatch.setattr(ocp.CheckpointManager, "save", fail)
+    monkeypatch.setattr(ocp.CheckpointManager, "close", lambda self: closed.append(close(self)))
+    with pytest.raises(loop.RunError, match="Could not write checkpoint step 1 to .*Permission"):
+        _run(tmp_path)
+    assert closed
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous(straight, tmp_path, caplog):
+    rows, old_run = straight
+    shutil.copytree(old_run, tmp_path, dirs_exist_ok=True)
+    for path in glob.glob(str(tmp_path / "checkpoints" / "2" / "**" / "d" / "*"), recursive=True):
+        os.remove(path)
+    with caplog.at_level(logging.WARNING):
+        resumed = _run(tmp_path, resume=True)
+    assert "Checkpoint step 2" in caplog.text and "unreadable" in caplog.text
+    assert "from checkpoint step 1" in caplog.text
+    assert _strip(resumed) == _strip(rows)
+    assert len((tmp_path / "metrics.csv").read_text().splitlines()) == 1 + len(rows)
+
+
+def _nan_outcome(monkeypatch):
+    """Reward weights of NaN for the 'outcome' condition: its loss is NaN from update 1."""
+    weights = loop.reward_weights
+
+    def nan_outcome(config, condition):
+        return weights(config, condition) * (np.nan if condition == "outcome" else 1.0)
+
+    monkeypatch.setattr(loop, "reward_weights", nan_outcome)
+
+
+def test_divergence_stops_the_run_keeps_finite_state_and_is_reported(tmp_path, monkeypatch):
+    _nan_outcome(monkeypatch)
+    with pytest.raises(loop.Diverged, match=r"update 1: non-finite outcome/seed 0: loss, grads"):
+        _run(tmp_path)
+    assert not glob.glob(str(tmp_path / "checkpoints" / "*"))  # the non-finite chunk: unsaved.
+    rows = MetricWriter(str(tmp_path)).read()
+    assert [row["update"] for row in rows] == [1] * 4  # the flagged update is written.
+    summary = report.summarize(rows)
+    assert summary["outcome"]["diverged_seeds"] == 2 and summary["process"]["diverged_seeds"] == 0
+    assert "outcome (DIVERGED: 2 seeds)" in report.markdown_table(summary)
+    # Inside the update the non-finite step is skipped: parameters stay as they were.
+    trainer = loop._trainer(TINY, ENV, POLICY, ROLLOUT, None)
+    keys = jnp.stack([jax.random.PRNGKey(0)] * 4)
+    weights = jnp.stack([loop.reward_weights(TINY, c) for c in ["process", "outcome"] * 2])
+    state = loop._init(trainer)(keys, weights)
+    new_state, metrics = loop._chunk(trainer, 1)(state)
+    for flag in NONFINITE_METRICS:
+        np.testing.assert_array_equal(np.asarray(metrics[flag])[:, 0] > 0, [0, 1, 0, 1])
+    changed = []
+    for old, new in zip(
+        jax.tree.leaves(state.params), jax.tree.leaves(new_state.params), strict=True
+    ):
+        old, new = np.asarray(old), np.asarray(new)
+        assert np.all(np.isfinite(new))
+        np.testing.assert_array_equal(old[1::2], new[1::2])
+        changed.append(not np.array_equal(old[0::2], new[0::2]))
+    assert any(changed)
+
+
+def test_launcher_exits_non_zero_on_divergence(tmp_path, monkeypatch):
+    from absl import flags
+
+    from experiments import sparse_vs_dense
+
+    def diverge(*args, **kwargs):
+        raise loop.Diverged("Diverged at update 2: non-finite outcome/seed 0: loss.", [])
+
+    monkeypatch.setattr(experiment, "run_and_report", diverge)
+    flags.FLAGS(["sparse_vs_dense", f"--workdir={tmp_path}"])
+    try:
+        with pytest.raises(SystemExit, match="error: Diverged at update 2"):
+            sparse_vs_dense.main([])
+    finally:
+        flags.FLAGS.unparse_flags()
+
+
+def test_experiment_reports_a_diverged_run_then_raises(tmp_path, monkeypatch):
+    def diverging_run(*args, seeds, conditions, **kwargs):
+        rows = [
+            {"condition": condition, "seed": seed, "update": update, "success": 0.5,
+             "violation_rate": 0.0, "turns": 2.0, "turns_over_plan": 0.0, "process_score": 0.0,
+             "env_turns_total": 10.0 * update,
+             "nonfinite_loss": float(condition == "outcome" and update == 2),
+             "nonfinite_grads": 0.0}
+            for condition in conditions for seed in seeds for update in (1, 2)
+        ]  # fmt: skip
+        raise loop.Diverged("Diverged at update 2: non-finite outcome/seed 0: loss.", rows)
+
+    monkeypatch.setattr(loop, "run", diverging_run)
+    config = default_config.get_config()
+    config.conditions, config.seeds = "outcome,process", 1
+    with pytest.raises(loop.Diverged, match="rewards: Diverged at update 2"):
+        experiment.run_and_report(experiment.reward_runs(config), config, workdir=str(tmp_path))
+    table = (tmp_path / "summary.md").read_text()
+    assert "| outcome (DIVERGED: 1 seeds) |" in table and "| process |" in table
+    assert json.loads((tmp_path / "summary.json").read_text())["outcome"]["diverged_seeds"] == 1
+    assert "wall_s" in json.loads((tmp_path / "provenance.json").read_text())
+
+
+def test_experiment_refuses_non_empty_workdir_and_bad_seeds(tmp_path):
+    config = default_config.get_config()
+    (tmp_path / "metrics.csv").write_text("update\n1\n")
+    with pytest.raises(loop.RunError, match="--resume.*--overwrite"):
+        experiment.run_and_report(experiment.reward_runs(config), config, workdir=str(tmp_path))
+    config.seeds = 0
+    with pytest.raises(ValueError, match="config.seeds must be >= 1"):
+        experiment.run_and_report(experiment.reward_runs(config), config, workdir=str(tmp_path))
+
+
+def test_every_config_field_is_settable_and_misspellings_list_the_fields():
+    config = default_config.get_config()
+    for section, cls in (("train", TrainConfig), ("env", ToolWorldConfig),
+                         ("model", PolicyConfig), ("rollout", RolloutConfig)):  # fmt: skip
+        assert set(config[section]) == {f.name for f in dataclasses.fields(cls)}, section
+    config.train.kl_target = 0.02  # a None default is a typed placeholder.
+    config.train.gamma = 0.9
+    assert experiment.build(config).train_config.kl_target == 0.02
+    message = experiment.unknown_override(config, ["--config.train.gamm=0.9"])
+    assert message.startswith("Unknown config field config.train.gamm;") and "gamma" in message
+    assert experiment.unknown_override(config, ["--config.train.gamma=0.9"]) is None
+    launch = [sys.executable, "-m", "experiments.sparse_vs_dense", "--workdir=/nonexistent"]
+    result = subprocess.run([*launch, "--config.train.gamm=0.9"], capture_output=True,
+                            text=True, cwd=ROOT, timeout=300)  # fmt: skip
+    assert result.returncode == 1
+    assert "Unknown config field config.train.gamm; config.train has: " in result.stderr
+    result = subprocess.run([*launch, "--config.train.num_minibatches=4", "--config.seeds=0",
+                             "--config.train.reward=outcome", "--config.train.kl_target=0.1"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == "error: config.seeds must be >= 1, got 0."
+
+
+@pytest.mark.parametrize(
+    "field, value", [("d_model", 0), ("num_heads", 0), ("num_layers", -1), ("head_dim", 0),
+                     ("norm_eps", float("nan")), ("pad_id", 200)]
+)  # fmt: skip
+def test_policy_config_names_the_bad_field(field, value):
+    with pytest.raises(ValueError, match=f"PolicyConfig.*{field}"):
+        PolicyConfig(**{field: value})
+
+
+FAULT_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys
+    import jax
+    jax.config.update("jax_compilation_cache_dir", sys.argv[3])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    sys.path.insert(0, {root!r})
+    from orbax.checkpoint._src.path import atomicity
+    from rlagent.train import loop, writers
+    from tests.test_reliability import _run
+
+    mode, workdir = sys.argv[1], sys.argv[2]
+    kill = lambda: os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "metric_write":  # killed half-way through the rows of update 2.
+        write = writers.MetricWriter.write
+        def write_half(self, rows, **kwargs):
+            if rows[0]["update"] == 2:
+                write(self, rows[:1], tensorboard=False)
+                with open(self.path, "a") as f:
+                    f.write("process,2,1,0.5")
+                kill()
+            write(self, rows, **kwargs)
+        writers.MetricWriter.write = write_half
+    if mode == "checkpoint_save":  # killed after the data of step 2, before it is final.
+        finalize = atomicity.AtomicRenameTemporaryPath.finalize
+        async def finalize_then_die(self):
+            if self.get_final().name == "2":
+                kill()
+            await finalize(self)
+        atomicity.AtomicRenameTemporaryPath.finalize = finalize_then_die
+    _run(workdir, resume=mode != "metric_write")
+    """
+)
+
+
+def test_killed_runs_resume_exactly(straight, tmp_path):
+    """SIGKILL during a metric write, then during a checkpoint save; resume equals straight."""
+    rows, straight_dir = straight
+    script = FAULT_SCRIPT.format(root=ROOT)
+    workdir, cache = tmp_path / "run", tmp_path / "cache"
+    for mode, code in (("metric_write", -signal.SIGKILL), ("checkpoint_save", -signal.SIGKILL),
+                       ("finish", 0)):  # fmt: skip
+        result = subprocess.run([sys.executable, "-c", script, mode, workdir, cache], cwd=ROOT,
+                                capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert result.returncode == code, (mode, result.stderr[-3000:])
+        if mode == "checkpoint_save":
+            assert glob.glob(str(workdir / "checkpoints" / "2.orbax-checkpoint-tmp*"))
+    resumed = MetricWriter(str(workdir)).read()
+    on_disk = MetricWriter(str(straight_dir)).read()
+    assert _strip(resumed) == _strip(on_disk) and len(on_disk) == len(rows)
+    manager = ocp.CheckpointManager(str(straight_dir / "checkpoints"))
+    resumed_manager = ocp.CheckpointManager(str(workdir / "checkpoints"))
+    try:
+        assert manager.latest_step() == resumed_manager.latest_step() == 2
+        expected = manager.restore(2, args=ocp.args.StandardRestore())
+        got = resumed_manager.restore(2, args=ocp.args.StandardRestore())
+        jax.tree.map(np.testing.assert_array_equal, expected, got)
+    finally:
+        manager.close()
+        resumed_manager.close()
+    assert json.loads((workdir / "provenance.json").read_text())["config"]["seeds"] == [0, 1]
