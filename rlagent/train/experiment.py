@@ -117,6 +117,7 @@ def run_and_report(
     merged.write(rows)
     report.plot_curves(rows, os.path.join(workdir, "curves.png"), title=title)
     summary = report.summarize(rows)
+    report.plot_profiles(summary, os.path.join(workdir, "profiles.png"))
     preface = f"# {title}\n\n" if title else ""
     report.write_summary(
         summary,
