@@ -28,13 +28,14 @@ def test_main_experiment_writes_metrics_plot_and_tables(tmp_path):
         experiment.reward_runs(config), config, workdir=str(tmp_path), title="tiny",
         progress=False,
     )  # fmt: skip
-    assert set(summary) == {"outcome", "potential"}
-    assert summary["outcome"]["num_seeds"] == 2
-    for name in ("metrics.csv", "curves.png", "summary.md", "summary.json"):
+    assert set(summary["conditions"]) == {"outcome", "potential"}
+    assert summary["conditions"]["outcome"]["num_seeds"] == 2
+    for name in ("metrics.csv", "curves.png", "profiles.png", "summary.md", "summary.json"):
         assert os.path.getsize(tmp_path / name) > 0
     lines = (tmp_path / "metrics.csv").read_text().splitlines()
     assert len(lines) == 1 + 2 * 2 * 2  # header + conditions x seeds x updates
-    assert json.loads((tmp_path / "summary.json").read_text())["potential"]["num_seeds"] == 2
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["conditions"]["potential"]["seeds"] == [0, 1]
     assert (tmp_path / "summary.md").read_text().startswith("# tiny")
     assert list((tmp_path / "rewards" / "checkpoints").iterdir())
 

@@ -161,7 +161,9 @@ def test_divergence_stops_the_run_keeps_finite_state_and_is_reported(tmp_path, m
     rows = MetricWriter(str(tmp_path)).read()
     assert [row["update"] for row in rows] == [1] * 4  # the flagged update is written.
     summary = report.summarize(rows)
-    assert summary["outcome"]["diverged_seeds"] == 2 and summary["process"]["diverged_seeds"] == 0
+    conditions = summary["conditions"]
+    assert conditions["outcome"]["diverged_seeds"] == 2
+    assert conditions["process"]["diverged_seeds"] == 0
     assert "outcome (DIVERGED: 2 seeds)" in report.markdown_table(summary)
     # Inside the update the non-finite step is skipped: parameters stay as they were.
     trainer = loop._trainer(TINY, ENV, POLICY, ROLLOUT, None)

@@ -332,26 +332,40 @@ def _rows():
 
 
 def test_summary_numbers_and_files(tmp_path):
-    summary = report.summarize(_rows())
-    dense, sparse = summary["dense"], summary["sparse"]
+    summary = report.summarize(_rows(), reps=200)
+    dense, sparse = summary["conditions"]["dense"], summary["conditions"]["sparse"]
+    assert summary["settings"]["budget_env_turns"] == 1000.0
     # dense reaches 0.5 at update 3 (seed 0, 1: 0.6, 0.61; seed 2 at 0.62) -> 300 turns.
-    assert dense["turns_to_50"] == {"mean": 300.0, "reached": "3/3"}
-    assert dense["turns_to_80"]["mean"] == pytest.approx(400.0)
-    assert dense["final_success"]["mean"] == pytest.approx(1.0)
-    assert sparse["turns_to_80"] == {"mean": None, "reached": "0/3"}
-    assert dense["violation_rate_all"]["mean"] == 0.0
-    # seeds 0, 1, 2 end at 0.50, 0.51, 0.52: mean 0.51, std 0.01, t(2) = 4.303.
-    assert sparse["final_success"]["mean"] == pytest.approx(0.51)
-    assert sparse["final_success"]["ci95"] == pytest.approx(4.303 * 0.01 / np.sqrt(3))
+    assert dense["per_seed"]["turns_to_50"] == [300.0, 300.0, 300.0]
+    assert dense["turns_to_50"] == {"median": 300.0, "mean_lower_bound": 300.0, "reached": "3/3"}
+    assert dense["turns_to_80"]["median"] == pytest.approx(400.0)
+    assert dense["final_success"]["iqm"]["value"] == pytest.approx(1.0)
+    # sparse never reaches 0.8: every seed censored at the 1,000-turn budget.
+    assert sparse["turns_to_80"] == {"median": None, "mean_lower_bound": 1000.0, "reached": "0/3"}
+    assert dense["violation_rate_all"]["value"] == 0.0
+    # seeds 0, 1, 2 end at 0.50, 0.51, 0.52 (mean of the last update of 10).
+    assert sparse["per_seed"]["final_success"] == pytest.approx([0.50, 0.51, 0.52])
+    assert sparse["final_success"]["mean"]["value"] == pytest.approx(0.51)
+    assert sparse["takeoff"]["k"] == 3 and dense["takeoff"]["k"] == 3
+    # AUC of seed 0 of sparse: success 0.05 u held over [100 u, 100 (u + 1)], u = 1..9.
+    expected = sum(0.05 * u * 100 for u in range(1, 10)) / 1000
+    assert sparse["per_seed"]["auc"][0] == pytest.approx(expected)
+    (comparison,) = summary["comparisons"]
+    assert (comparison["x"], comparison["y"]) == ("dense", "sparse")
+    assert comparison["prob_improvement"] == 1.0
     table = report.markdown_table(summary)
-    assert "| sparse | 3 | 0.510 ± 0.025 | 1,000 (3/3 seeds) | never (0/3 seeds)" in table
+    assert "| sparse | 3 | 0.510 [" in table and "| dense | sparse | 1.00 |" in table
+    assert "not reached (0/3)" in table
     report.write_summary(summary, tmp_path / "s.md", tmp_path / "s.json")
-    assert json.loads((tmp_path / "s.json").read_text())["dense"]["num_seeds"] == 3
+    saved = json.loads((tmp_path / "s.json").read_text())
+    assert saved["conditions"]["dense"]["num_seeds"] == 3
     np.testing.assert_allclose(
         report._moving_average(np.array([[1.0, 2, 3, 4, 5]]), 3), [[1, 1.5, 2, 3, 4]]
     )
     report.plot_curves(_rows(), str(tmp_path / "curves.png"))
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report.plot_profiles(summary, str(tmp_path / "profiles.png"))
+    assert (tmp_path / "profiles.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_kl_in_the_reward_reaches_every_estimator_level():

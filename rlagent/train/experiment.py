@@ -136,6 +136,7 @@ def run_and_report(
     merged.write(rows)
     report.plot_curves(rows, os.path.join(workdir, "curves.png"), title=title)
     summary = report.summarize(rows)
+    report.plot_profiles(summary, os.path.join(workdir, "profiles.png"))
     preface = f"# {title}\n\n" if title else ""
     report.write_summary(
         summary,
@@ -190,7 +191,7 @@ def unknown_override(config: ml_collections.ConfigDict, argv: Sequence[str]) -> 
 
 
 # Files of an experiment workdir that `overwrite=True` removes (run folders clean their own).
-REPORT_FILES = ("metrics.csv", "curves.png", "summary.md", "summary.json", provenance.FILENAME)
+REPORT_FILES = ("metrics.csv", "curves.png", "profiles.png", "summary.md", "summary.json", provenance.FILENAME)
 
 
 def _prepare_workdir(workdir: str, *, resume: bool, overwrite: bool) -> None:

@@ -1,14 +1,18 @@
-"""Summaries of training runs: per-condition tables with confidence intervals, and curves.
+"""Summaries of training runs: per-seed values, robust intervals, comparisons, curves.
 
-Rows are the dicts written by `rlagent.train.loop.run` (one per update and seed). A
-condition's numbers are computed per seed first, then summarised over seeds as
-mean, standard deviation and a 95% Student-t confidence half-width.
+Rows are the dicts written by `rlagent.train.loop.run` (one per update, condition and
+seed). Every number is computed per seed first; a condition is then summarised with the
+statistics of `rlagent.train.stats` (see docs/architecture.md and ../RESEARCH habits):
+IQM and mean with stratified bootstrap CIs, the take-off rate with a Clopper-Pearson
+interval, seed-inclusive sample efficiency (area under the success curve and
+time-to-threshold censored at a common budget), and Holm-corrected pairwise comparisons.
+The per-seed values are kept in the summary (`per_seed`) so that any other statistic can
+be computed from `summary.json` alone.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections import defaultdict
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -16,90 +20,148 @@ from typing import Any
 
 import numpy as np
 
+from rlagent.train import stats
 from rlagent.train.ppo import NONFINITE_METRICS
 
-# Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30; 1.96 beyond.
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
-
-
-def mean_ci(values: Sequence[float]) -> dict[str, float]:
-    """Mean, sample std and 95% t-interval half-width of per-seed values."""
-    x = np.asarray(values, dtype=np.float64)
-    n = x.size
-    std = float(x.std(ddof=1)) if n > 1 else 0.0
-    t = _T975[n - 2] if 2 <= n <= 31 else 1.96
-    return {"mean": float(x.mean()), "std": std, "ci95": t * std / math.sqrt(n) if n > 1 else 0.0}
+# Per-seed means over the final updates of these row metrics, when the rows carry them.
+_FINAL_METRICS = ("violation_rate", "turns", "turns_over_plan", "process_score", "collapse_rate")
 
 
 def summarize(
     rows: Sequence[Mapping[str, Any]],
     *,
+    metric: str = "success",
     thresholds: Sequence[float] = (0.5, 0.8),
+    takeoff: float = 0.5,
     final_fraction: float = 0.1,
-) -> dict[str, dict[str, Any]]:
-    """Per-condition summary.
+    reps: int = 2000,
+) -> dict[str, Any]:
+    """Per-condition summary and pairwise comparisons of `metric` (success by default).
 
-    For each seed: `final_success` is the mean success over the last `final_fraction` of
-    updates; `turns_to_<p>` is the experience (environment turns) after the first update
-    whose success reached p (None when never reached); `violation_rate`, `turns`,
-    `turns_over_plan` are averaged over the same final updates, `violation_rate_all` over
-    every update (violations made while learning). `diverged_seeds` counts seeds whose
-    training stopped on a non-finite loss or gradient (their numbers end there).
+    Per seed: `final_<metric>` is the mean of `metric` over the last `final_fraction` of
+    updates; `auc` the normalised area under its curve over the common budget of
+    experience (the least environment turns any run had, so that every seed is compared
+    at equal experience and nothing is extrapolated); `turns_to_<p>` the experience at the
+    first update whose value reached p, censored at the budget when never reached;
+    `violation_rate`, `turns`, `turns_over_plan`, `process_score` and `collapse_rate` are
+    averaged over the final updates, `violation_rate_all` over every update.
+    `diverged_seeds` counts seeds whose training stopped on a non-finite loss or gradient
+    (their numbers end there; the table marks the condition).
+
+    Returns {"conditions": {name: entry}, "comparisons": [...], "settings": {...}} where
+    an entry holds `num_seeds`, `seeds`, `per_seed` (lists in seed order), `final_<metric>`
+    and `auc` ({"iqm", "mean"} each {"value", "low", "high"}: bootstrap 95% CIs),
+    `takeoff` (final value >= `takeoff`; Clopper-Pearson 95%), `turns_to_<p>`
+    (`stats.censored_summary`) and the means with CIs of the other metrics; comparisons
+    are `stats.pairwise_comparisons` of the final values.
     """
-    summary = {}
-    for condition, seeds in _curves(rows).items():
-        per_seed = defaultdict(list)
-        reached = {p: [] for p in thresholds}
+    curves = _curves(rows)
+    if not curves:
+        raise ValueError("summarize needs at least one row.")
+    budget = min(float(c[-1]["env_turns_total"]) for seeds in curves.values() for c in seeds)
+    final_key = f"final_{metric}"
+    conditions = {}
+    for condition, seeds in curves.items():
+        per_seed: dict[str, list] = defaultdict(list)
         for seed_rows in seeds:
             tail = seed_rows[-max(1, int(round(len(seed_rows) * final_fraction))) :]
-            for key in ("success", "violation_rate", "turns", "turns_over_plan", "process_score"):
-                per_seed[key].append(float(np.mean([r[key] for r in tail])))
-            per_seed["violation_rate_all"].append(
-                float(np.mean([r["violation_rate"] for r in seed_rows]))
-            )
+            values = [float(r[metric]) for r in seed_rows]
+            turns = [float(r["env_turns_total"]) for r in seed_rows]
+            per_seed["seed"].append(int(seed_rows[0]["seed"]))
+            per_seed[final_key].append(float(np.mean([r[metric] for r in tail])))
+            per_seed["auc"].append(stats.area_under_curve(values, turns, budget))
             for p in thresholds:
-                first = next((r for r in seed_rows if r["success"] >= p), None)
-                reached[p].append(None if first is None else float(first["env_turns_total"]))
-        entry: dict[str, Any] = {"num_seeds": len(seeds)}
+                time, reached = stats.time_to_threshold(values, turns, p, budget)
+                per_seed[_turns_key(p)].append(time)
+                per_seed[f"reached_{int(p * 100)}"].append(reached)
+            for key in _FINAL_METRICS:
+                if key in seed_rows[0]:
+                    per_seed[key].append(float(np.mean([r[key] for r in tail])))
+            if "violation_rate" in seed_rows[0]:
+                per_seed["violation_rate_all"].append(
+                    float(np.mean([r["violation_rate"] for r in seed_rows]))
+                )
+        entry: dict[str, Any] = {"num_seeds": len(seeds), "seeds": per_seed.pop("seed")}
         entry["diverged_seeds"] = sum(
             any(row.get(key, 0) > 0 for row in seed_rows for key in NONFINITE_METRICS)
             for seed_rows in seeds
         )
-        entry["final_success"] = mean_ci(per_seed["success"])
-        for key in ("violation_rate", "violation_rate_all", "turns", "turns_over_plan"):
-            entry[key] = mean_ci(per_seed[key])
-        entry["process_score"] = mean_ci(per_seed["process_score"])
+        entry["per_seed"] = dict(per_seed)
+        for key in (final_key, "auc"):
+            entry[key] = stats.interval_estimates({condition: per_seed[key]}, reps=reps)[condition]
+        entry["takeoff"] = stats.takeoff_rate(per_seed[final_key], takeoff)
         for p in thresholds:
-            hits = [v for v in reached[p] if v is not None]
-            entry[f"turns_to_{int(p * 100)}"] = {
-                "mean": float(np.mean(hits)) if hits else None,
-                "reached": f"{len(hits)}/{len(reached[p])}",
-            }
-        summary[condition] = entry
-    return summary
+            entry[_turns_key(p)] = stats.censored_summary(
+                per_seed[_turns_key(p)], per_seed[f"reached_{int(p * 100)}"]
+            )
+        for key in (*_FINAL_METRICS, "violation_rate_all"):
+            if key in per_seed:
+                interval = stats.interval_estimates({condition: per_seed[key]}, reps=reps)
+                entry[key] = interval[condition]["mean"]
+        conditions[condition] = entry
+    comparisons = stats.pairwise_comparisons(
+        {name: entry["per_seed"][final_key] for name, entry in conditions.items()}
+    )
+    settings = {
+        "metric": metric,
+        "final_fraction": final_fraction,
+        "takeoff_threshold": takeoff,
+        "thresholds": list(thresholds),
+        "budget_env_turns": budget,
+        "bootstrap_reps": reps,
+    }
+    return {"conditions": conditions, "comparisons": comparisons, "settings": settings}
 
 
-def markdown_table(summary: Mapping[str, Mapping[str, Any]]) -> str:
-    """The summary as a Markdown table (mean ± 95% CI over seeds)."""
-    keys = [k for k in next(iter(summary.values())) if k.startswith("turns_to_")]
-    header = ["condition", "seeds", "final success", *[k.replace("_", " ") for k in keys]]
-    header += ["violation rate", "violation rate (whole run)", "turns / episode"]
-    header += ["turns over plan"]
+def markdown_table(summary: Mapping[str, Any]) -> str:
+    """The summary as Markdown: one row per condition, then the pairwise comparisons."""
+    settings = summary["settings"]
+    final_key = f"final_{settings['metric']}"
+    thresholds = settings["thresholds"]
+    metric = settings["metric"].replace("_", " ")
+    header = ["condition", "seeds", f"final {metric}: IQM [95% CI]", "mean [95% CI]"]
+    header += [f"take-off (final >= {settings['takeoff_threshold']:g}) [95% CI]"]
+    header += ["AUC [95% CI]", *[f"turns to {p:.0%}: median (reached)" for p in thresholds]]
+    header += ["violation rate (whole run)", "collapse rate", "turns / episode"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for condition, entry in summary.items():
+    for condition, entry in summary["conditions"].items():
+        takeoff = entry["takeoff"]
         if entry.get("diverged_seeds"):
             condition = f"{condition} (DIVERGED: {entry['diverged_seeds']} seeds)"
-        cells = [condition, str(entry["num_seeds"]), _pm(entry["final_success"])]
-        for k in keys:
-            hit = entry[k]
-            mean = "never" if hit["mean"] is None else f"{hit['mean']:,.0f}"
-            cells.append(f"{mean} ({hit['reached']} seeds)")
-        cells += [_pm(entry[k]) for k in ("violation_rate", "violation_rate_all", "turns")]
-        cells.append(_pm(entry["turns_over_plan"]))
+        cells = [condition, str(entry["num_seeds"])]
+        cells += [_interval(entry[final_key]["iqm"]), _interval(entry[final_key]["mean"])]
+        cells += [f"{takeoff['k']}/{takeoff['n']} [{takeoff['low']:.2f}, {takeoff['high']:.2f}]"]
+        cells += [_interval(entry["auc"]["mean"])]
+        for p in thresholds:
+            hit = entry[_turns_key(p)]
+            median = "not reached" if hit["median"] is None else f"{hit['median']:,.0f}"
+            cells.append(f"{median} ({hit['reached']})")
+        for key in ("violation_rate_all", "collapse_rate", "turns"):
+            cells.append(_interval(entry[key]) if key in entry else "n/a")
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    table = "\n".join(lines) + "\n"
+    comparisons = summary["comparisons"]
+    if comparisons:
+        table += (
+            f"\nPairwise comparisons of the final {metric} (P(X > Y) over seeds, two-sided "
+            "Mann-Whitney U, Holm-corrected over all pairs):\n\n"
+            "| X | Y | P(X > Y) | p | p (Holm) |\n|---|---|---|---|---|\n"
+        )
+        for c in comparisons:
+            mark = " *" if c["significant"] else ""
+            table += (
+                f"| {c['x']} | {c['y']} | {c['prob_improvement']:.2f} | {c['p_value']:.3g} | "
+                f"{c['p_holm']:.3g}{mark} |\n"
+            )
+    budget = settings["budget_env_turns"]
+    table += (
+        f"\nFinal = mean over the last {settings['final_fraction']:.0%} of updates; IQM and "
+        "mean with stratified bootstrap 95% CIs over seeds; take-off with exact "
+        f"Clopper-Pearson 95% CIs; AUC = area under the {metric} curve over the first "
+        f"{budget:,.0f} environment turns (the least any run had), normalised to [0, 1]; "
+        "turns to p: median over all seeds, unreached seeds censored at that budget.\n"
+    )
+    return table
 
 
 def plot_curves(
@@ -140,6 +202,13 @@ def plot_curves(
     plt.close(fig)
 
 
+def plot_profiles(summary: Mapping[str, Any], path: str) -> None:
+    """Performance profiles of the final metric: fraction of seeds above tau (rliable)."""
+    final_key = f"final_{summary['settings']['metric']}"
+    scores = {name: e["per_seed"][final_key] for name, e in summary["conditions"].items()}
+    stats.plot_performance_profiles(scores, path, xlabel=f"{final_key.replace('_', ' ')} ($\\tau$)")
+
+
 def write_summary(
     summary: Mapping[str, Any], markdown_path: str, json_path: str, *, preface: str = ""
 ) -> None:
@@ -170,5 +239,9 @@ def _moving_average(values: np.ndarray, window: int) -> np.ndarray:
     return (cumulative - shifted[..., : values.shape[-1]]) / counts
 
 
-def _pm(stats: Mapping[str, float]) -> str:
-    return f"{stats['mean']:.3f} ± {stats['ci95']:.3f}"
+def _interval(estimate: Mapping[str, float]) -> str:
+    return f"{estimate['value']:.3f} [{estimate['low']:.3f}, {estimate['high']:.3f}]"
+
+
+def _turns_key(threshold: float) -> str:
+    return f"turns_to_{int(threshold * 100)}"

@@ -1,0 +1,87 @@
+"""Statistics over seeds: hand cases and invariants of rlagent.train.stats."""
+
+import numpy as np
+import pytest
+
+from rlagent.train import stats
+
+
+def test_holm_hand_case():
+    # Sorted p = .01, .02, .03, .04 with m = 4: 4*.01, 3*.02, 2*.03, 1*.04 -> running max.
+    adjusted = stats.holm([0.03, 0.01, 0.04, 0.02])
+    np.testing.assert_allclose(adjusted, [0.06, 0.04, 0.06, 0.06])
+    np.testing.assert_allclose(stats.holm([0.5, 0.9]), [1.0, 1.0])
+
+
+def test_holm_rejects_bad_p():
+    with pytest.raises(ValueError, match="p_values"):
+        stats.holm([0.1, 1.5])
+
+
+def test_takeoff_rate_clopper_pearson_closed_forms():
+    # k = 0: upper bound 1 - (alpha/2)^(1/n); k = n: lower bound (alpha/2)^(1/n).
+    none = stats.takeoff_rate([0.0, 0.1, 0.2, 0.0, 0.3], threshold=0.5)
+    assert none["k"] == 0 and none["low"] == 0.0
+    np.testing.assert_allclose(none["high"], 1 - 0.025 ** (1 / 5), rtol=1e-9)
+    every = stats.takeoff_rate([0.9] * 5, threshold=0.5)
+    assert every["rate"] == 1.0 and every["high"] == 1.0
+    np.testing.assert_allclose(every["low"], 0.025 ** (1 / 5), rtol=1e-9)
+    half = stats.takeoff_rate([1, 0, 1, 0], threshold=0.5)
+    assert half["low"] < 0.5 < half["high"] and half["rate"] == 0.5
+
+
+def test_interval_estimates_iqm_and_mean():
+    scores = {"a": [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7], "b": [1.0] * 8}
+    out = stats.interval_estimates(scores, reps=200)
+    # IQM of 8 values: the mean of the middle 4 (0.2 .. 0.5).
+    np.testing.assert_allclose(out["a"]["iqm"]["value"], 0.35)
+    np.testing.assert_allclose(out["a"]["mean"]["value"], 0.35)
+    assert out["a"]["mean"]["low"] < 0.35 < out["a"]["mean"]["high"]
+    assert out["b"]["iqm"] == {"value": 1.0, "low": 1.0, "high": 1.0}
+    again = stats.interval_estimates(scores, reps=200)
+    assert again == out  # seeded bootstrap
+
+
+def test_pairwise_comparisons_separated_and_identical():
+    scores = {"hi": [0.9, 0.8, 0.95, 0.85, 0.9, 0.99], "lo": [0.1, 0.0, 0.2, 0.1, 0.05, 0.15]}
+    scores["same"] = list(scores["lo"])
+    results = {(r["x"], r["y"]): r for r in stats.pairwise_comparisons(scores)}
+    assert results[("hi", "lo")]["prob_improvement"] == 1.0
+    assert results[("hi", "lo")]["p_value"] < 0.01 and results[("hi", "lo")]["significant"]
+    assert results[("lo", "same")]["prob_improvement"] == 0.5
+    assert results[("lo", "same")]["p_value"] == 1.0 and not results[("lo", "same")]["significant"]
+    for r in results.values():
+        assert r["p_holm"] >= r["p_value"]
+
+
+def test_area_under_curve_step_function():
+    # success 0 until 10 turns, then 1 from 10 to 20, then 0.5 until the budget 40.
+    auc = stats.area_under_curve([0.0, 1.0, 0.5], [5.0, 10.0, 20.0], budget=40.0)
+    np.testing.assert_allclose(auc, (10 * 1.0 + 20 * 0.5) / 40)
+    assert stats.area_under_curve([1.0], [0.0], budget=3.0) == 1.0
+    # Measurements past the budget do not count.
+    np.testing.assert_allclose(stats.area_under_curve([1.0, 0.0], [0.0, 50.0], budget=10.0), 1.0)
+
+
+def test_time_to_threshold_censors_unreached_seeds():
+    assert stats.time_to_threshold([0.1, 0.6, 0.9], [10, 20, 30], 0.5, budget=30) == (20.0, True)
+    assert stats.time_to_threshold([0.1, 0.2], [10, 20], 0.5, budget=30) == (30.0, False)
+    summary = stats.censored_summary([10.0, 20.0, 30.0], [True, True, False])
+    assert summary["median"] == 20.0 and summary["reached"] == "2/3"
+    assert stats.censored_summary([10.0, 30.0, 30.0], [True, False, False])["median"] is None
+
+
+def test_bad_curves_are_rejected():
+    with pytest.raises(ValueError, match="experience"):
+        stats.area_under_curve([0.0, 1.0], [10.0, 5.0], budget=20.0)
+    with pytest.raises(ValueError, match="budget"):
+        stats.area_under_curve([0.0], [1.0], budget=0.0)
+    with pytest.raises(ValueError, match="non-finite"):
+        stats.interval_estimates({"a": [np.nan, 1.0]})
+
+
+def test_performance_profile_plot(tmp_path):
+    path = tmp_path / "profiles.png"
+    scores = {"a": [0.1, 0.5, 0.9], "b": [0.0, 0.2, 1.0]}
+    stats.plot_performance_profiles(scores, str(path), reps=50)
+    assert path.stat().st_size > 1000
