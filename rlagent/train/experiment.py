@@ -191,7 +191,14 @@ def unknown_override(config: ml_collections.ConfigDict, argv: Sequence[str]) -> 
 
 
 # Files of an experiment workdir that `overwrite=True` removes (run folders clean their own).
-REPORT_FILES = ("metrics.csv", "curves.png", "profiles.png", "summary.md", "summary.json", provenance.FILENAME)
+REPORT_FILES = (
+    "metrics.csv",
+    "curves.png",
+    "profiles.png",
+    "summary.md",
+    "summary.json",
+    provenance.FILENAME,
+)
 
 
 def _prepare_workdir(workdir: str, *, resume: bool, overwrite: bool) -> None:
