@@ -29,9 +29,10 @@ carries.
 Cost and memory: a fork evaluation plays up to S - s turns, so estimating every played
 turn of B episodes of S turns costs O(B * S * 2N * S / 2) environment (or policy) turns:
 linear in B and N, quadratic in S (each of S forks plays the rest of the episode). The
-continuations run `chunk_size` at a time (`lax.map`), each chunk until all its episodes
-ended (`lax.while_loop`); forks are sorted by start turn so a chunk's episodes end at
-similar times and forks of finished episodes cost nothing. Memory is
+continuations run `chunk_size` at a time (`lax.map`); forks are sorted by start turn and
+those of finished episodes come last, so a chunk's episodes end at similar times and a
+chunk without a running fork is skipped (environment-level policies also stop a chunk
+once all its episodes ended; LM continuations play S turns, see `rlagent.credit.lm`). Memory is
 O(chunk_size * (carry + S)) for the chunk plus O(B * S * 2N * R) floats for the
 per-continuation returns of R reward forms, whatever S.
 """
@@ -64,7 +65,7 @@ EnvPolicy = Callable[[State, jax.Array, jax.Array], jax.Array]
 Play = Callable[[Any, jax.Array], "TurnSignals"]
 MIXTURES = ("episode", "turn")
 # Folded into a key to draw a mixture's coin (a path the inner policies never take).
-_COIN = 0xC011
+COIN = 0xC011
 
 
 class TurnSignals(NamedTuple):
@@ -145,7 +146,7 @@ def mixture(policy: EnvPolicy, prover: EnvPolicy, epsilon: float, per: str = "tu
         raise ValueError(f"per must be one of {MIXTURES}, got {per!r}")
 
     def act(state: State, episode_key: jax.Array, turn_key: jax.Array) -> jax.Array:
-        coin_key = jax.random.fold_in(episode_key if per == "episode" else turn_key, _COIN)
+        coin_key = jax.random.fold_in(episode_key if per == "episode" else turn_key, COIN)
         use_prover = jax.random.uniform(coin_key) < epsilon
         return jnp.where(
             use_prover,
@@ -228,10 +229,7 @@ def play_env_policy(env: ToolWorld, policy: EnvPolicy) -> Play:
 
     def play(states: State, keys: jax.Array) -> TurnSignals:
         size = keys.shape[0]
-        zeros = jnp.zeros((size, num_turns), jnp.float32)
-        signals = TurnSignals(
-            jnp.zeros((size, num_turns), bool), zeros, zeros, zeros, zeros.astype(jnp.int32)
-        )
+        signals = _no_turns(size, num_turns)
 
         def running(states):
             return ~(states.terminated | states.truncated)
@@ -326,7 +324,13 @@ def mc_values(
         eb, er, ef, erun = (jnp.repeat(x, num_samples) for x in (eb, er, ef, erun))
         sample_keys = jax.vmap(lambda k: jax.random.split(k, num_samples))(eval_keys[chunk_evals])
         carries = jax.tree.map(lambda x: x[eb, jnp.minimum(ef, num_turns - 1)], forks)
-        played = play(carries, sample_keys.reshape(-1, *sample_keys.shape[2:]))
+        flat_keys = sample_keys.reshape(-1, *sample_keys.shape[2:])
+        # Forks are sorted running-first: a chunk with no running fork plays nothing.
+        played = jax.lax.cond(
+            erun.any(),
+            lambda: play(carries, flat_keys),
+            lambda: _no_turns(erun.shape[0], num_turns),
+        )
         after = (jnp.arange(num_turns)[None, :] >= ef[:, None]) & erun[:, None]
         before = jnp.arange(num_turns)[None, :] < ef[:, None]
         episode = jax.tree.map(
@@ -364,6 +368,13 @@ def mc_values(
         advantage_se=out(jnp.sqrt(se[:, :, 0] ** 2 + se[:, :, 1] ** 2)),
         success=jnp.where(turn_mask, p[:, :, 0], 0.0),
         q_success=jnp.where(turn_mask, p[:, :, 1], 0.0),
+    )
+
+
+def _no_turns(size: int, num_turns: int) -> TurnSignals:
+    zeros = jnp.zeros((size, num_turns), jnp.float32)
+    return TurnSignals(
+        jnp.zeros((size, num_turns), bool), zeros, zeros, zeros, zeros.astype(jnp.int32)
     )
 
 
