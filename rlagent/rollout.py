@@ -1,34 +1,45 @@
-"""Jitted multi-turn rollout of a token-level policy in ToolWorld, and teacher-forced scoring.
+"""Jitted multi-turn rollout of a token-level policy in an environment, and teacher-forced scoring.
 
 `rollout = make_rollout(env, graphdef, config)` returns a pure function
 `rollout(params, env_keys, policy_keys) -> Trajectory` that plays B episodes of exactly
-S = env.max_turns turns: a `lax.scan` over turns whose body builds the policy's context
-(`rlagent.models.state_encoder`), samples the L tokens of the turn with a KV cache (one
-prefill, then one cached pass per token), and steps the environment. Turns after an episode
-ended are played against the absorbing terminal state and masked out (`turn_mask`).
+S = env.max_turns turns: a `lax.scan` over turns whose body (`make_turn`) builds the
+policy's context, samples the L tokens of the turn with a KV cache (one prefill, then one
+cached pass per token), and steps the environment. Turns after an episode ended are played
+against the absorbing terminal state and masked out (`turn_mask`).
+
+Forking episodes: the scan carry is a public `RolloutCarry` (environment state, the
+observation to read next, alive flags, the policy's memory of past turns). With
+`make_rollout(..., with_carries=True)` the rollout also returns the carry at the start of
+every turn (`[S, B, ...]`), and `continue_ = make_continue(env, graphdef, config)` plays
+`continue_(params, carry, start_turn, policy_keys, num_turns=n)` -> the next n turns of a
+batch of episodes from such carries, as a `[B, n]` Trajectory. Turn s samples with
+`fold_in(policy_keys[b], s)`, so continuing from the carry of turn s with the rollout's own
+policy keys replays the rollout; other keys give Monte-Carlo forks of the same states.
 
 `score = make_score(env, graphdef, config)` recomputes, teacher-forced, the log-probs,
 values and entropies of a trajectory's tokens from the *same* contexts, all turns in
-parallel (one `[B * S, C + L]` forward pass in windowed mode, one `[B, S (O + K + L)]` pass in
-full-context mode); only the summary recurrence is a scan over turns. Gradients flow
-through everything, the summary included.
+parallel; only the summary recurrence is a scan over turns. Gradients flow through
+everything, the summary included.
 
-Context of turn s (see `rlagent.models.state_encoder`), slot by slot:
+Context of turn s (see `rlagent.models.state_encoder`), read by one `ContextReader`:
   windowed (W = config.window):  [summary (M) | block(s-W) .. block(s-1) | obs_s | markers_s]
   full (config.window = None):   [block(0) .. block(s-1) | obs_s | markers_s]
 followed by the L action tokens, with block(t) = [obs_t (O) | markers_t (K) | action_t (L)].
-In full mode the rollout keeps one KV cache per episode across turns (the transcript is
-append-only), so a turn attends over S (O + K + L) slots; in windowed mode a turn runs on a
-fresh cache of C + L slots, C = M + W (O + K + L) + O + K, independent of the episode length.
+`WindowedContext` runs every turn on a fresh cache of C + L slots,
+C = M + W (O + K + L) + O + K, independent of the episode length, and scores all
+`[B * S, C + L]` contexts in one pass. `FullContext` keeps one KV cache per episode across
+turns (the transcript is append-only), so a turn attends over S (O + K + L) slots, and
+scores each episode's transcript `[B, S (O + K + L)]` in one pass.
 
 Sampling conventions (`rlagent.models.sampler`): log-probs are those of
 pi = softmax(logits / temperature + mask); `mask` always bans PAD (the policy never writes
 padding; with a constrained mask PAD stays allowed only if nothing else is), and with
-`constrained=True` it is the env's grammar (and rule) mask, stored in
-`Trajectory.token_mask` so that `score` renormalises over the same set. Values:
-`values[b, s, i]` is V of the state before token i of turn s (read where the logits of
-token i are read); `bootstrap_value` is V of the state after the last turn when the
-episode was truncated (max_turns reached without termination), else 0.
+`constrained=True` it is the env's `allowed_tokens` (grammar, and rules when the env's
+guardrail is in mask mode), stored in `Trajectory.sampling_mask` so that `score`
+renormalises over the same set. Values: `values[b, s, i]` is V of the state before token i
+of turn s (read where the logits of token i are read); `bootstrap_value` is V of the state
+after the last turn when the episode was truncated (its last turn played without
+termination), else 0.
 """
 
 from __future__ import annotations
@@ -36,8 +47,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 from typing import NamedTuple
+from typing import Protocol
 
 import chex
 import jax
@@ -74,8 +87,7 @@ class RolloutConfig:
     temperature: float = 1.0  # tau of pi = softmax(logits / tau + mask); 0 = greedy.
     top_k: int = 0  # sample among the k most likely tokens (0 = off; not part of pi).
     top_p: float = 1.0  # nucleus sampling mass (1 = off; not part of pi).
-    constrained: bool = False  # apply env.allowed_tokens (DSL grammar) while sampling.
-    rules: bool = False  # also the guardrail rules in that mask (needs constrained).
+    constrained: bool = False  # sample from env.allowed_tokens (grammar, mask-mode rules).
 
     def __post_init__(self):
         if self.window is not None and self.window < 0:
@@ -86,8 +98,37 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"RolloutConfig.top_p must be in (0, 1], got {self.top_p}")
-        if self.rules and not self.constrained:
-            raise ValueError("RolloutConfig.rules=True needs constrained=True (it is a mask)")
+
+
+class Environment(Protocol):
+    """What the rollout needs from an environment (ToolWorld is one); methods act on one episode.
+
+    `reset(key) -> (state, timestep)` and `step(state, action [L] int32) -> (state,
+    timestep)`, where `timestep.observation` has `tokens [O]` int32 and `progress [K]`
+    int32, `timestep.step_type == StepType.LAST` ends the episode, `timestep.discount` is 0
+    on termination (1 on truncation), and the per-turn signals outcome / verdict /
+    efficiency / violations are read by `_signal`. `allowed_tokens(state, prefix [L],
+    position) -> [V] bool` is the set a constrained sampler may draw token `position` of a
+    turn from. Tokens are those of `rlagent.envs.dsl` (PAD pads, END ends a turn).
+    """
+
+    @property
+    def max_turns(self) -> int: ...  # S
+
+    @property
+    def obs_len(self) -> int: ...  # O
+
+    @property
+    def turn_len(self) -> int: ...  # L
+
+    @property
+    def num_markers(self) -> int: ...  # K
+
+    def reset(self, key: jax.Array) -> tuple[Any, Any]: ...
+
+    def step(self, state: Any, action: jax.Array) -> tuple[Any, Any]: ...
+
+    def allowed_tokens(self, state: Any, prefix: jax.Array, position: jax.Array) -> jax.Array: ...
 
 
 class Dims(NamedTuple):
@@ -97,177 +138,299 @@ class Dims(NamedTuple):
     obs_len: int  # O
     num_markers: int  # K
     turn_len: int  # L
-    window: int | None  # W (None: full context)
-    num_slots: int  # M
 
     @property
     def block(self) -> int:
         """O + K + L: slots of one turn in the transcript."""
         return self.obs_len + self.num_markers + self.turn_len
 
-    @property
-    def context(self) -> int:
-        """C: slots before the first action token (windowed mode)."""
-        return self.num_slots + self.window * self.block + self.obs_len + self.num_markers
 
-    @property
-    def full_cache(self) -> int:
-        """Slots of the full-context transcript, plus the observation after the last turn."""
-        return self.turns * self.block + self.obs_len + self.num_markers
+class WindowMemory(NamedTuple):
+    """Windowed mode: what the policy remembers of past turns (batched)."""
+
+    window: Window  # [B, W, ...] the last W turn blocks.
+    summaries: tuple[jax.Array, ...]  # per reader (actor[, critic]): [B, summary_dim] H.
+
+
+class TranscriptMemory(NamedTuple):
+    """Full-context mode: what the policy remembers of past turns (batched)."""
+
+    caches: tuple[KVCache, ...]  # per reader (actor[, critic]): the transcript's KV cache.
+    seen: jax.Array  # [B, V] float32: tokens of every observation read so far (copy gate).
+
+
+Memory = WindowMemory | TranscriptMemory
+
+
+class RolloutCarry(NamedTuple):
+    """State of a batch of episodes at the start of a turn: all a rollout needs to go on."""
+
+    env_state: Any  # [B] environment states.
+    obs: Any  # [B] the observation the next turn reads (tokens [B, O], progress [B, K]).
+    alive: jax.Array  # [B] bool: the episode has not ended.
+    memory: Memory  # the policy's memory of the turns played so far.
+
+
+class TurnOutput(NamedTuple):
+    """What one turn adds to the trajectory (the `[B, S]` / `[B, S, ...]` fields, per turn)."""
+
+    obs_tokens: jax.Array  # [B, O] int32.
+    progress: jax.Array  # [B, K] int32.
+    action_tokens: jax.Array  # [B, L] int32.
+    action_mask: jax.Array  # [B, L] bool.
+    logp: jax.Array  # [B, L] float32.
+    values: jax.Array  # [B, L] float32.
+    turn_mask: jax.Array  # [B] bool.
+    outcome: jax.Array  # [B] float32.
+    verdict: jax.Array  # [B] float32.
+    efficiency: jax.Array  # [B] float32.
+    violations: jax.Array  # [B] int32.
+    done: jax.Array  # [B] bool.
+    sampling_mask: jax.Array | None  # [B, L, V] bool (constrained decoding), else None.
+
+
+class Prefill(NamedTuple):
+    """A reader's context of one turn, read into a KV cache."""
+
+    hidden: jax.Array  # [B, D] last hidden state: predicts token 0 of the turn.
+    cache: KVCache  # the cache holding the context.
+    start: jax.Array  # [] int32 slot of token 0 of the turn.
+
+
+class TurnInputs(NamedTuple):
+    """What `_sample_turn` needs beyond the (static) actor and sampling settings."""
+
+    prefill: Prefill
+    env_state: Any  # [B] environment states (for `allowed_tokens`).
+    keys: jax.Array  # [B] PRNG keys of the turn.
+    visible: jax.Array  # [B, V] float32 tokens visible in the context (copy gate).
+
+
+class SampledTurn(NamedTuple):
+    """The L tokens of a turn, sampled."""
+
+    action: jax.Array  # [B, L] int32 (PAD after END).
+    live: jax.Array  # [B, L] bool: generated tokens (END included).
+    logp: jax.Array  # [B, L] float32 behaviour log-probs, 0 where not live.
+    values: jax.Array  # [B, L] float32 shared-head values (0 with a separate critic).
+    sampling_mask: jax.Array | None  # [B, L, V] bool allowed tokens (constrained), else None.
+    cache: KVCache  # the actor's cache with the turn written in.
+
+
+class ContextReader(Protocol):
+    """How the policy reads its history: one implementation per context mode.
+
+    Rollout side (batched, one turn at a time): `init` the memory, the tokens `visible` to
+    the copy gate, `prefill` a reader's context, `critic_values` of a sampled turn, and
+    `advance` the memory past the turn. Scoring side (all turns in parallel, from a
+    trajectory): `hidden_states` and `visible_observations`. Both sides build the same
+    contexts, which is what makes `score` reproduce the rollout's log-probs and values.
+    """
+
+    def init(self, readers: Sequence[ContextLM], batch: int, vocab: int) -> Memory: ...
+
+    def visible(self, memory: Memory, current: jax.Array) -> tuple[jax.Array, Memory]: ...
+
+    def prefill(
+        self, model: ContextLM, memory: Memory, reader: int, obs: Any, turn: jax.Array
+    ) -> Prefill: ...
+
+    def critic_values(
+        self,
+        critic: ContextLM,
+        memory: Memory,
+        obs: Any,
+        action: jax.Array,
+        live: jax.Array,
+        turn: jax.Array,
+    ) -> tuple[jax.Array, KVCache | None]: ...
+
+    def advance(
+        self,
+        readers: Sequence[ContextLM],
+        memory: Memory,
+        caches: tuple[KVCache | None, ...],
+        obs: Any,
+        action: jax.Array,
+        live: jax.Array,
+    ) -> Memory: ...
+
+    def hidden_states(self, model: ContextLM, traj: Trajectory) -> jax.Array: ...
+
+    def visible_observations(self, observed: jax.Array) -> jax.Array: ...
 
 
 def make_rollout(
-    env: Any, graphdef: nnx.GraphDef, config: RolloutConfig = RolloutConfig()
-) -> Callable[[nnx.State, jax.Array, jax.Array], Trajectory]:
+    env: Environment,
+    graphdef: nnx.GraphDef,
+    config: RolloutConfig = RolloutConfig(),
+    *,
+    with_carries: bool = False,
+) -> Callable[..., Trajectory | tuple[Trajectory, RolloutCarry]]:
     """Builds `rollout(params, env_keys, policy_keys) -> Trajectory` (pure, jit/vmap-safe).
 
     Args:
-      env: a ToolWorld (reset / step / allowed_tokens, max_turns, obs_len, turn_len,
-        num_markers).
+      env: an `Environment` (e.g. ToolWorld).
       graphdef: from `nnx.split(Policy(...))`.
       config: RolloutConfig.
+      with_carries: also return the `RolloutCarry` at the start of every turn, stacked
+        turn-major (`[S, B, ...]`; `jax.tree.map(lambda x: x[s], carries)` is the batch at
+        turn s), to fork episodes with `make_continue`. Static; nothing is kept when False.
     Returns:
       rollout(params, env_keys [B] keys or [B, 2] uint32, policy_keys [B]) -> Trajectory
-      with [B, S, ...] fields, S = env.max_turns. Episodes sharing an env key share a task;
-      the result is a deterministic function of (params, keys).
+      with [B, S, ...] fields, S = env.max_turns (and the carries when `with_carries`).
+      Episodes sharing an env key share a task; the result is a deterministic function of
+      (params, keys).
     """
+    _check_env(env, config)
     reset = jax.vmap(env.reset)
-    step = jax.vmap(env.step)
-    allowed_fn = jax.vmap(
-        functools.partial(env.allowed_tokens, rules=config.rules), in_axes=(0, 0, None)
-    )
 
-    def rollout(params: nnx.State, env_keys: jax.Array, policy_keys: jax.Array) -> Trajectory:
+    def rollout(params: nnx.State, env_keys: jax.Array, policy_keys: jax.Array):
         policy = _merge(graphdef, params)
-        dims = _dims(env, policy, config)
+        reader = _context_reader(env, policy, config)
         batch = env_keys.shape[0]
-        if policy_keys.shape[0] != batch:
-            raise ValueError(f"policy_keys has {policy_keys.shape[0]} rows, env_keys has {batch}")
-        actor, critic = policy.actor, policy.critic
-        readers = (actor,) if critic is None else (actor, critic)
         state, ts = reset(env_keys)
-        memory = tuple(_init_memory(m, dims, batch) for m in readers)
-        window = _batched_empty_window(dims, batch)
-        alive = jnp.ones((batch,), bool)
-        obs = ts.observation
-        # Tokens of the observations visible so far (full mode: all of them, a running max).
-        seen = jnp.zeros((batch, policy.config.vocab_size), jnp.float32)
-        vocab, pad = policy.config.vocab_size, policy.config.pad_id
-
-        def turn(carry, s):
-            state, obs, alive, window, memory, seen = carry
-            # Copy-gate support: tokens of the observations in the context of turn s, i.e.
-            # `visible_observations` computed from the window (or a running max in full
-            # mode) so that the cost of a turn stays independent of the episode length.
-            current = observed_tokens(obs.tokens, vocab, pad)
-            if dims.window is None:
-                seen = jnp.maximum(seen, current)
-                visible = seen
-            else:
-                in_window = observed_tokens(window.obs, vocab, pad) * window.valid[..., None]
-                visible = jnp.maximum(current, in_window.max(axis=1, initial=0.0))
-            turn_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(policy_keys, s)
-            hidden, cache, start = _prefill(actor, memory[0], window, obs, s, dims)
-            sampled = _sample_turn(
-                actor,
-                hidden,
-                cache,
-                start,
-                state,
-                turn_keys,
-                dims,
-                config,
-                allowed_fn,
-                visible,
-            )
-            action, live, logp, values, allowed, cache = sampled
-            new_memory = [_Memory(memory[0].summary, cache)]
-            if critic is not None:
-                values, critic_cache = _critic_values(
-                    critic, memory[1], window, obs, action, live, s, dims
-                )
-                new_memory.append(_Memory(memory[1].summary, critic_cache))
-            state, ts = step(state, action)
-            extras = ts.extras
-            last = ts.step_type == StepType.LAST
-            outputs = dict(
-                obs_tokens=obs.tokens,
-                progress=obs.progress,
-                action_tokens=action,
-                action_mask=live & alive[:, None],
-                logp=jnp.where(live & alive[:, None], logp, 0.0),
-                values=jnp.where(live & alive[:, None], values, 0.0),
-                turn_mask=alive,
-                outcome=jnp.where(alive, extras["outcome"].astype(jnp.float32), 0.0),
-                verdict=jnp.where(alive, extras["verdict"].astype(jnp.float32), 0.0),
-                efficiency=jnp.where(alive, extras["efficiency"].astype(jnp.float32), 0.0),
-                violations=jnp.where(alive, extras["violations"].astype(jnp.int32), 0),
-                done=alive & last & (ts.discount == 0),
-            )
-            if config.constrained:
-                outputs["token_mask"] = allowed
-            if dims.window is not None:
-                new_memory = [
-                    _Memory(_absorb_leaving(m, mem.summary, window, obs, action, live, dims), None)
-                    for m, mem in zip(readers, new_memory, strict=True)
-                ]
-                window = jax.vmap(push_window)(window, obs.tokens, obs.progress, action, live)
-            carry = (state, ts.observation, alive & ~last, window, tuple(new_memory), seen)
-            return carry, outputs
-
-        carry, out = jax.lax.scan(
-            turn,
-            (state, obs, alive, window, memory, seen),
-            jnp.arange(dims.turns, dtype=jnp.int32),
+        vocab = policy.config.vocab_size
+        carry = RolloutCarry(
+            env_state=state,
+            obs=ts.observation,
+            alive=jnp.ones((batch,), bool),
+            memory=reader.init(_readers(policy), batch, vocab),
         )
-        _, final_obs, _, final_window, final_memory, _ = carry
-        out = {k: jnp.swapaxes(v, 0, 1) for k, v in out.items()}
-        value_model = policy.value_model
-        hidden, _, _ = _prefill(
-            value_model, final_memory[-1], final_window, final_obs, dims.turns, dims
+        traj, carries = _play(
+            env, policy, reader, config, carry, 0, policy_keys, env.max_turns, with_carries
         )
-        truncated = out["turn_mask"][:, -1] & ~out["done"][:, -1]
-        bootstrap = jnp.where(truncated, value_model.values(hidden), 0.0)
-        return Trajectory(bootstrap_value=bootstrap, **out)
+        return (traj, carries) if with_carries else traj
 
     return rollout
 
 
+def make_continue(
+    env: Environment, graphdef: nnx.GraphDef, config: RolloutConfig = RolloutConfig()
+) -> Callable[..., Trajectory]:
+    """Builds `continue_(params, carry, start_turn, policy_keys, *, num_turns) -> Trajectory`.
+
+    Plays turns `start_turn .. start_turn + num_turns - 1` of B episodes from `carry` (a
+    `RolloutCarry` of the batch at the start of `start_turn`, e.g. sliced from the carries
+    of `make_rollout(..., with_carries=True)`), with the same turn body as the rollout.
+    `start_turn` may be traced; `num_turns` is static (jit with `static_argnames`), and
+    `start_turn + num_turns <= env.max_turns` is the caller's to keep (the full-context
+    cache has room for S turns). The `[B, num_turns]` Trajectory bootstraps from V after
+    its last turn where that turn was played without termination.
+    """
+    _check_env(env, config)
+
+    def continue_(
+        params: nnx.State,
+        carry: RolloutCarry,
+        start_turn: jax.Array | int,
+        policy_keys: jax.Array,
+        *,
+        num_turns: int,
+    ) -> Trajectory:
+        policy = _merge(graphdef, params)
+        reader = _context_reader(env, policy, config)
+        start = jnp.asarray(start_turn, jnp.int32)
+        traj, _ = _play(env, policy, reader, config, carry, start, policy_keys, num_turns, False)
+        return traj
+
+    return continue_
+
+
+def make_turn(
+    env: Environment,
+    policy: Policy,
+    reader: ContextReader,
+    config: RolloutConfig,
+    policy_keys: jax.Array,
+) -> Callable[[RolloutCarry, jax.Array], tuple[RolloutCarry, TurnOutput]]:
+    """The body of the scan over turns: `turn(carry, s) -> (carry after turn s, TurnOutput)`.
+
+    `policy_keys [B]`: turn s samples with `fold_in(policy_keys[b], s)`.
+    """
+    step = jax.vmap(env.step)
+    allowed_fn = jax.vmap(functools.partial(_allowed_tokens, env), in_axes=(0, 0, None))
+    actor, critic = policy.actor, policy.critic
+    readers = _readers(policy)
+    vocab, pad = policy.config.vocab_size, policy.config.pad_id
+
+    def turn(carry: RolloutCarry, s: jax.Array) -> tuple[RolloutCarry, TurnOutput]:
+        obs, alive = carry.obs, carry.alive
+        # Copy-gate support: tokens of the observations in the context of turn s, kept
+        # incrementally so that the cost of a turn stays independent of the episode length.
+        visible, memory = reader.visible(carry.memory, observed_tokens(obs.tokens, vocab, pad))
+        turn_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(policy_keys, s)
+        prefill = reader.prefill(actor, memory, 0, obs, s)
+        sampled = _sample_turn(
+            actor,
+            TurnInputs(prefill, carry.env_state, turn_keys, visible),
+            turn_len=env.turn_len,
+            config=config,
+            allowed_fn=allowed_fn,
+        )
+        values, caches = sampled.values, (sampled.cache,)
+        if critic is not None:
+            values, critic_cache = reader.critic_values(
+                critic, memory, obs, sampled.action, sampled.live, s
+            )
+            caches = caches + (critic_cache,)
+        state, ts = step(carry.env_state, sampled.action)
+        last = ts.step_type == StepType.LAST
+        played = sampled.live & alive[:, None]
+        output = TurnOutput(
+            obs_tokens=obs.tokens,
+            progress=obs.progress,
+            action_tokens=sampled.action,
+            action_mask=played,
+            logp=jnp.where(played, sampled.logp, 0.0),
+            values=jnp.where(played, values, 0.0),
+            turn_mask=alive,
+            outcome=jnp.where(alive, _signal(ts, "outcome").astype(jnp.float32), 0.0),
+            verdict=jnp.where(alive, _signal(ts, "verdict").astype(jnp.float32), 0.0),
+            efficiency=jnp.where(alive, _signal(ts, "efficiency").astype(jnp.float32), 0.0),
+            violations=jnp.where(alive, _signal(ts, "violations").astype(jnp.int32), 0),
+            done=alive & last & (ts.discount == 0),
+            sampling_mask=sampled.sampling_mask,
+        )
+        memory = reader.advance(readers, memory, caches, obs, sampled.action, sampled.live)
+        return RolloutCarry(state, ts.observation, alive & ~last, memory), output
+
+    return turn
+
+
 def make_score(
-    env: Any, graphdef: nnx.GraphDef, config: RolloutConfig = RolloutConfig()
+    env: Environment, graphdef: nnx.GraphDef, config: RolloutConfig = RolloutConfig()
 ) -> Callable[[nnx.State, Trajectory], tuple[jax.Array, jax.Array, jax.Array]]:
     """Builds `score(params, traj) -> (logp, values, entropy)`, each [B, S, L] float32.
 
     Teacher-forced recomputation over the rollout's contexts: logp = log pi(a_t) and
-    entropy = H(pi) with pi = softmax(logits / tau + mask) (`traj.token_mask` when present,
-    else the PAD ban), values = V before each token. Zero where not
-    `traj.action_mask & traj.turn_mask`. Differentiable in `params`.
+    entropy = H(pi) with pi = softmax(logits / tau + mask) (`traj.sampling_mask` when
+    present, else the PAD ban), values = V before each token. Zero where not
+    `traj.loss_mask`. Differentiable in `params`.
     """
 
     def score(params: nnx.State, traj: Trajectory) -> tuple[jax.Array, jax.Array, jax.Array]:
         policy = _merge(graphdef, params)
-        dims = _dims(env, policy, config)
-        _check_trajectory(traj, dims, policy.config.vocab_size)
-        actor_hidden = turn_hidden_states(policy.actor, traj, window=config.window)
+        reader = _context_reader(env, policy, config)
+        _check_trajectory(traj, _dims(env), policy.config.vocab_size)
+        actor_hidden = reader.hidden_states(policy.actor, traj)
         observed = observed_tokens(traj.obs_tokens, policy.config.vocab_size, policy.config.pad_id)
-        visible = visible_observations(observed, config.window)
+        visible = reader.visible_observations(observed)
         logits = policy.actor.logits(actor_hidden, visible[:, :, None, :])
         if policy.critic is None:
             values = policy.actor.values(actor_hidden)
         else:
-            values = policy.critic.values(
-                turn_hidden_states(policy.critic, traj, window=config.window)
-            )
-        if traj.token_mask is None:
+            values = policy.critic.values(reader.hidden_states(policy.critic, traj))
+        if traj.sampling_mask is None:
             allowed = _ban_pad(jnp.ones(logits.shape, bool))
         else:
-            allowed = traj.token_mask
+            allowed = traj.sampling_mask
         log_pi = policy_log_probs(
             logits, temperature=config.temperature, mask=allowed_to_mask(allowed)
         )
         logp = jnp.take_along_axis(log_pi, traj.action_tokens[..., None], axis=-1)[..., 0]
         entropy = entropy_from_log_probs(log_pi)
-        played = traj.action_mask & traj.turn_mask[..., None]
+        played = traj.loss_mask
         return (
             jnp.where(played, logp, 0.0),
             jnp.where(played, values, 0.0),
@@ -280,60 +443,307 @@ def make_score(
 def turn_hidden_states(model: ContextLM, traj: Trajectory, *, window: int | None) -> jax.Array:
     """Final hidden states that predict each action token, all turns in parallel.
 
-    Windowed: contexts of every (episode, turn) are batched into one `[B * S, C + L]`
-    causal pass; the summaries come from a scan over turns (`summary_sequence`). Full: one
-    causal pass over each episode's transcript `[B, S (O + K + L)]`.
-
     Args:
       model: the actor or critic `ContextLM`.
       traj: obs_tokens [B, S, O], progress [B, S, K], action_tokens / action_mask [B, S, L].
+      window: W turns kept verbatim, None for full context.
     Returns:
       [B, S, L, D]: entry i of turn s is the state before token i (its logits / value).
     """
-    obs, progress = traj.obs_tokens, traj.progress
-    action = traj.action_tokens
-    action_mask = traj.action_mask & traj.turn_mask[..., None]
-    batch, turns, turn_len = action.shape
-    num_markers = progress.shape[-1]
-    enc, embed = model.encoder, model.embed
+    _, turns, obs_len = traj.obs_tokens.shape
+    dims = Dims(turns, obs_len, traj.progress.shape[-1], traj.action_tokens.shape[-1])
+    return context_reader(dims, window, model.encoder.num_slots).hidden_states(model, traj)
+
+
+def context_reader(dims: Dims, window: int | None, num_slots: int) -> ContextReader:
+    """The `ContextReader` of a context mode: `FullContext` if `window` is None."""
     if window is None:
-        x, valid = jax.vmap(functools.partial(full_context, enc, embed))(
-            obs, progress, action, action_mask
+        return FullContext(dims)
+    return WindowedContext(dims, window, num_slots)
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowedContext:
+    """`[summary (M) | block(s-W) .. block(s-1) | obs_s | markers_s]`, a fresh cache a turn."""
+
+    dims: Dims
+    window: int  # W
+    num_slots: int  # M
+
+    @property
+    def context(self) -> int:
+        """C: slots before the first action token."""
+        d = self.dims
+        return self.num_slots + self.window * d.block + d.obs_len + d.num_markers
+
+    def init(self, readers: Sequence[ContextLM], batch: int, vocab: int) -> WindowMemory:
+        d = self.dims
+        one = empty_window(self.window, d.obs_len, d.num_markers, d.turn_len)
+        window = jax.tree.map(lambda x: jnp.broadcast_to(x, (batch, *x.shape)), one)
+        summaries = []
+        for model in readers:
+            h0 = model.encoder.initial_summary()
+            summaries.append(jnp.broadcast_to(h0, (batch, *h0.shape)))
+        return WindowMemory(window, tuple(summaries))
+
+    def visible(self, memory: WindowMemory, current: jax.Array) -> tuple[jax.Array, WindowMemory]:
+        """Tokens of the current observation and of those in the window: `[B, V]`."""
+        window = memory.window
+        # `_context_reader` checked that the policy's PAD is the DSL's.
+        in_window = observed_tokens(window.obs, current.shape[-1], dsl.PAD)
+        in_window = in_window * window.valid[..., None]
+        return jnp.maximum(current, in_window.max(axis=1, initial=0.0)), memory
+
+    def prefill(
+        self, model: ContextLM, memory: WindowMemory, reader: int, obs: Any, turn: jax.Array
+    ) -> Prefill:
+        x, valid = self._context(model, memory, reader, obs)
+        cache = init_cache(model.config, obs.tokens.shape[0], self.context + self.dims.turn_len)
+        hidden, cache = model.lm(x, valid, cache, 0)
+        return Prefill(hidden[:, -1], cache, jnp.int32(self.context))
+
+    def critic_values(self, critic, memory, obs, action, live, turn):
+        """V before each token of the sampled turn: context + turn in one pass, no cache."""
+        x_ctx, v_ctx = self._context(critic, memory, -1, obs)
+        x_act = critic.encoder.action(critic.embed, action)
+        x = jnp.concatenate([x_ctx, x_act.astype(x_ctx.dtype)], axis=1)
+        hidden, cache = critic.lm(x, jnp.concatenate([v_ctx, live], axis=1))
+        first = self.context - 1
+        return critic.values(hidden[:, first : first + self.dims.turn_len]), cache
+
+    def advance(self, readers, memory, caches, obs, action, live) -> WindowMemory:
+        """Each reader's summary absorbs the turn leaving the window; the turn enters it."""
+        summaries = tuple(
+            _absorb_leaving(model, summary, memory.window, obs, action, live, self.window)
+            for model, summary in zip(readers, memory.summaries, strict=True)
+        )
+        window = jax.vmap(push_window)(memory.window, obs.tokens, obs.progress, action, live)
+        return WindowMemory(window, summaries)
+
+    def hidden_states(self, model: ContextLM, traj: Trajectory) -> jax.Array:
+        """All `[B * S, C + L]` contexts in one causal pass; summaries from a scan over turns."""
+        obs, progress, action = traj.obs_tokens, traj.progress, traj.action_tokens
+        action_mask = traj.loss_mask
+        batch, turns, turn_len = action.shape
+        enc, embed, window = model.encoder, model.embed, self.window
+
+        def episode(obs, progress, action, action_mask):
+            summaries = summary_sequence(enc, embed, obs, progress, action, action_mask, window)
+
+            def one_turn(s, summary):
+                win = gather_window(obs, progress, action, action_mask, s, window)
+                x, valid = window_context(enc, embed, summary, win, obs[s], progress[s])
+                x = jnp.concatenate([x, enc.action(embed, action[s]).astype(x.dtype)], axis=0)
+                return x, jnp.concatenate([valid, action_mask[s]], axis=0)
+
+            return jax.vmap(one_turn)(jnp.arange(turns), summaries[:turns])
+
+        x, valid = jax.vmap(episode)(obs, progress, action, action_mask)  # [B, S, C + L, ...]
+        context = x.shape[2] - turn_len
+        hidden, _ = model.lm(
+            x.reshape(batch * turns, *x.shape[2:]), valid.reshape(batch * turns, -1)
+        )
+        hidden = hidden[:, context - 1 : context - 1 + turn_len]
+        return hidden.reshape(batch, turns, turn_len, -1)
+
+    def visible_observations(self, observed: jax.Array) -> jax.Array:
+        return visible_observations(observed, self.window)
+
+    def _context(self, model, memory, reader, obs):
+        """`window_context` of the batch: ([B, C, D], valid [B, C])."""
+        return jax.vmap(functools.partial(window_context, model.encoder, model.embed))(
+            memory.summaries[reader], memory.window, obs.tokens, obs.progress
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class FullContext:
+    """`[block(0) .. block(s-1) | obs_s | markers_s]`: one KV cache per episode across turns."""
+
+    dims: Dims
+
+    @property
+    def cache_len(self) -> int:
+        """Slots of the transcript, plus the observation after the last turn."""
+        d = self.dims
+        return d.turns * d.block + d.obs_len + d.num_markers
+
+    def init(self, readers: Sequence[ContextLM], batch: int, vocab: int) -> TranscriptMemory:
+        caches = tuple(init_cache(model.config, batch, self.cache_len) for model in readers)
+        return TranscriptMemory(caches, jnp.zeros((batch, vocab), jnp.float32))
+
+    def visible(
+        self, memory: TranscriptMemory, current: jax.Array
+    ) -> tuple[jax.Array, TranscriptMemory]:
+        """Tokens of every observation read so far, a running max: `[B, V]`."""
+        seen = jnp.maximum(memory.seen, current)
+        return seen, memory._replace(seen=seen)
+
+    def prefill(
+        self, model: ContextLM, memory: TranscriptMemory, reader: int, obs: Any, turn: jax.Array
+    ) -> Prefill:
+        d = self.dims
+        x, valid = self._observation(model, obs)
+        write = turn * d.block
+        hidden, cache = model.lm(x, valid, memory.caches[reader], write)
+        return Prefill(hidden[:, -1], cache, write + d.obs_len + d.num_markers)
+
+    def critic_values(self, critic, memory, obs, action, live, turn):
+        """V before each token of the sampled turn: observation + turn as one cached chunk."""
+        d = self.dims
+        x_obs, v_obs = self._observation(critic, obs)
+        x_act = critic.encoder.action(critic.embed, action)
+        x = jnp.concatenate([x_obs, x_act.astype(x_obs.dtype)], axis=1)
+        hidden, cache = critic.lm(
+            x, jnp.concatenate([v_obs, live], axis=1), memory.caches[-1], turn * d.block
+        )
+        first = d.obs_len + d.num_markers - 1
+        return critic.values(hidden[:, first : first + d.turn_len]), cache
+
+    def advance(self, readers, memory, caches, obs, action, live) -> TranscriptMemory:
+        """The caches now hold the turn (written while sampling / scoring it)."""
+        return memory._replace(caches=tuple(caches))
+
+    def hidden_states(self, model: ContextLM, traj: Trajectory) -> jax.Array:
+        """One causal pass over each episode's transcript `[B, S (O + K + L)]`."""
+        obs, progress, action = traj.obs_tokens, traj.progress, traj.action_tokens
+        batch, turns, turn_len = action.shape
+        x, valid = jax.vmap(functools.partial(full_context, model.encoder, model.embed))(
+            obs, progress, action, traj.loss_mask
         )
         hidden, _ = model.lm(x, valid)
-        block = obs.shape[-1] + num_markers + turn_len
-        first = obs.shape[-1] + num_markers - 1  # slot predicting token 0 of turn 0
+        block = obs.shape[-1] + progress.shape[-1] + turn_len
+        first = obs.shape[-1] + progress.shape[-1] - 1  # slot predicting token 0 of turn 0
         index = (
             jnp.arange(turns)[:, None] * block + first + jnp.arange(turn_len)[None, :]
         ).reshape(-1)
         return hidden[:, index].reshape(batch, turns, turn_len, -1)
 
-    def episode(obs, progress, action, action_mask):
-        summaries = summary_sequence(enc, embed, obs, progress, action, action_mask, window)
+    def visible_observations(self, observed: jax.Array) -> jax.Array:
+        return visible_observations(observed, None)
 
-        def one_turn(s, summary):
-            win = gather_window(obs, progress, action, action_mask, s, window)
-            x, valid = window_context(enc, embed, summary, win, obs[s], progress[s])
-            x = jnp.concatenate([x, enc.action(embed, action[s]).astype(x.dtype)], axis=0)
-            return x, jnp.concatenate([valid, action_mask[s]], axis=0)
-
-        return jax.vmap(one_turn)(jnp.arange(turns), summaries[:turns])
-
-    x, valid = jax.vmap(episode)(obs, progress, action, action_mask)  # [B, S, C + L, ...]
-    context = x.shape[2] - turn_len
-    hidden, _ = model.lm(x.reshape(batch * turns, *x.shape[2:]), valid.reshape(batch * turns, -1))
-    hidden = hidden[:, context - 1 : context - 1 + turn_len]
-    return hidden.reshape(batch, turns, turn_len, -1)
+    def _observation(self, model, obs):
+        """The observation and markers of the batch: ([B, O + K, D], valid [B, O + K])."""
+        return jax.vmap(functools.partial(model.encoder.observation, model.embed))(
+            obs.tokens, obs.progress
+        )
 
 
 # Helpers -----------------------------------------------------------------------------------
 
 
-class _Memory(NamedTuple):
-    """What one reader (actor or critic) carries between turns."""
+def _play(
+    env: Environment,
+    policy: Policy,
+    reader: ContextReader,
+    config: RolloutConfig,
+    carry: RolloutCarry,
+    start_turn: jax.Array | int,
+    policy_keys: jax.Array,
+    num_turns: int,
+    with_carries: bool,
+) -> tuple[Trajectory, RolloutCarry | None]:
+    """Scans `make_turn` over turns `start_turn + [0, num_turns)`; bootstraps after the last."""
+    batch = carry.alive.shape[0]
+    if policy_keys.shape[0] != batch:
+        raise ValueError(f"policy_keys has {policy_keys.shape[0]} rows, the episodes {batch}")
+    turn = make_turn(env, policy, reader, config, policy_keys)
 
-    summary: jax.Array | None  # [B, summary_dim] H_{max(0, s-W)} (windowed mode).
-    cache: KVCache | None  # the episode's transcript cache (full mode).
+    def body(carry, s):
+        new_carry, output = turn(carry, s)
+        return new_carry, (output, carry if with_carries else None)
+
+    turns = start_turn + jnp.arange(num_turns, dtype=jnp.int32)
+    final, (out, carries) = jax.lax.scan(body, carry, turns)
+    out = jax.tree.map(lambda v: jnp.swapaxes(v, 0, 1), out)
+    value_model = policy.value_model
+    prefill = reader.prefill(value_model, final.memory, -1, final.obs, start_turn + num_turns)
+    truncated = out.turn_mask[:, -1] & ~out.done[:, -1]
+    bootstrap = jnp.where(truncated, value_model.values(prefill.hidden), 0.0)
+    return Trajectory(bootstrap_value=bootstrap, **out._asdict()), carries
+
+
+def _sample_turn(
+    actor: ContextLM,
+    inputs: TurnInputs,
+    *,
+    turn_len: int,
+    config: RolloutConfig,
+    allowed_fn: Callable[[Any, jax.Array, jax.Array], jax.Array],
+) -> SampledTurn:
+    """Samples the L tokens of a turn, feeding each into the cache."""
+    hidden, cache, start = inputs.prefill
+    batch = hidden.shape[0]
+    vocab = actor.config.vocab_size
+    sample = functools.partial(
+        sample_with_noise,
+        temperature=config.temperature,
+        top_k=config.top_k,
+        top_p=config.top_p,
+    )
+    shared_values = actor.value_head is not None
+    # The Gumbel noise of the whole turn in one call: no PRNG work inside the token loop.
+    noise = jax.vmap(lambda k: jax.random.gumbel(k, (turn_len, vocab), jnp.float32))(inputs.keys)
+
+    def token(carry, xs):
+        i, token_noise = xs
+        hidden, cache, prefix, done = carry
+        logits = actor.logits(hidden, inputs.visible)
+        if config.constrained:
+            allowed = allowed_fn(inputs.env_state, prefix, i)
+        else:
+            allowed = jnp.ones((batch, vocab), bool)
+        allowed = _ban_pad(allowed)
+        tok, logp = sample(token_noise, logits, mask=allowed_to_mask(allowed))
+        live = ~done
+        tok = jnp.where(live, tok, dsl.PAD)
+        value = actor.values(hidden) if shared_values else jnp.zeros((batch,), jnp.float32)
+        x = actor.encoder.action(actor.embed, tok[:, None])
+        hidden, cache = actor.lm(x, live[:, None], cache, start + i)
+        prefix = prefix.at[:, i].set(tok)
+        done = done | (tok == dsl.END)
+        out = (
+            tok,
+            live,
+            jnp.where(live, logp, 0.0),
+            value,
+            allowed if config.constrained else None,
+        )
+        return (hidden[:, 0], cache, prefix, done), out
+
+    init = (hidden, cache, jnp.zeros((batch, turn_len), jnp.int32), jnp.zeros((batch,), bool))
+    steps = jnp.arange(turn_len, dtype=jnp.int32)
+    (_, cache, _, _), out = jax.lax.scan(token, init, (steps, jnp.swapaxes(noise, 0, 1)))
+    action, live, logp, values, allowed = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), out)
+    return SampledTurn(action, live, logp, values, allowed, cache)
+
+
+def _signal(timestep: Any, name: str) -> jax.Array:
+    """Per-turn signal `name` (outcome, verdict, efficiency, violations) of a time step."""
+    return timestep.extras[name]
+
+
+def _allowed_tokens(env: Environment, state: Any, prefix: jax.Array, position) -> jax.Array:
+    """`[V]` tokens a constrained sampler may draw (ToolWorld adds the rules in mask mode)."""
+    return env.allowed_tokens(state, prefix, position, rules=_guardrail_masks(env))
+
+
+def _guardrail_masks(env: Environment) -> bool:
+    """Whether the env's guardrail acts through `allowed_tokens` (ToolWorld's mask mode)."""
+    return getattr(getattr(env, "config", None), "guardrail", None) == "mask"
+
+
+def _check_env(env: Environment, config: RolloutConfig) -> None:
+    if _guardrail_masks(env) and not config.constrained:
+        raise ValueError(
+            "the env's guardrail is 'mask', which acts through allowed_tokens: it needs "
+            "RolloutConfig.constrained=True"
+        )
+
+
+def _readers(policy: Policy) -> tuple[ContextLM, ...]:
+    """The networks that read the context: (actor,) or (actor, critic)."""
+    return (policy.actor,) if policy.critic is None else (policy.actor, policy.critic)
 
 
 def _merge(graphdef: nnx.GraphDef, params: nnx.State) -> Policy:
@@ -343,7 +753,17 @@ def _merge(graphdef: nnx.GraphDef, params: nnx.State) -> Policy:
     return policy
 
 
-def _dims(env: Any, policy: Policy, config: RolloutConfig) -> Dims:
+def _dims(env: Environment) -> Dims:
+    return Dims(
+        turns=env.max_turns,
+        obs_len=env.obs_len,
+        num_markers=env.num_markers,
+        turn_len=env.turn_len,
+    )
+
+
+def _context_reader(env: Environment, policy: Policy, config: RolloutConfig) -> ContextReader:
+    """The reader of `config.window`'s mode, after checking the policy fits the env."""
     pcfg = policy.config
     if pcfg.vocab_size != dsl.VOCAB_SIZE:
         raise ValueError(
@@ -357,14 +777,7 @@ def _dims(env: Any, policy: Policy, config: RolloutConfig) -> Dims:
             f"env has {env.num_markers} progress markers, PolicyConfig.max_markers is "
             f"{pcfg.max_markers}"
         )
-    return Dims(
-        turns=env.max_turns,
-        obs_len=env.obs_len,
-        num_markers=env.num_markers,
-        turn_len=env.turn_len,
-        window=config.window,
-        num_slots=pcfg.num_summary_slots if config.window is not None else 0,
-    )
+    return context_reader(_dims(env), config.window, pcfg.num_summary_slots)
 
 
 def _check_trajectory(traj: Trajectory, dims: Dims, vocab: int) -> None:
@@ -376,8 +789,8 @@ def _check_trajectory(traj: Trajectory, dims: Dims, vocab: int) -> None:
     chex.assert_shape(traj.turn_mask, (batch, s))
     chex.assert_type([traj.obs_tokens, traj.action_tokens], int)
     chex.assert_type([traj.action_mask, traj.turn_mask], bool)
-    if traj.token_mask is not None:
-        chex.assert_shape(traj.token_mask, (batch, s, n, vocab))
+    if traj.sampling_mask is not None:
+        chex.assert_shape(traj.sampling_mask, (batch, s, n, vocab))
 
 
 def _ban_pad(allowed: jax.Array) -> jax.Array:
@@ -386,114 +799,12 @@ def _ban_pad(allowed: jax.Array) -> jax.Array:
     return jnp.where(no_pad.any(axis=-1, keepdims=True), no_pad, allowed)
 
 
-def _batched_empty_window(dims: Dims, batch: int) -> Window | None:
-    if dims.window is None:
-        return None
-    one = empty_window(dims.window, dims.obs_len, dims.num_markers, dims.turn_len)
-    return jax.tree.map(lambda x: jnp.broadcast_to(x, (batch, *x.shape)), one)
-
-
-def _init_memory(model: ContextLM, dims: Dims, batch: int) -> _Memory:
-    if dims.window is None:
-        return _Memory(None, init_cache(model.config, batch, dims.full_cache))
-    h0 = model.encoder.initial_summary()
-    return _Memory(jnp.broadcast_to(h0, (batch, *h0.shape)), None)
-
-
-def _prefill(
-    model: ContextLM, memory: _Memory, window: Window | None, obs: Any, s: jax.Array, dims: Dims
-) -> tuple[jax.Array, KVCache, jax.Array]:
-    """Reads the context of turn s; returns (last hidden [B, D], cache, slot of token 0)."""
-    enc, embed = model.encoder, model.embed
-    batch = obs.tokens.shape[0]
-    if dims.window is None:
-        x, valid = jax.vmap(functools.partial(enc.observation, embed))(obs.tokens, obs.progress)
-        write = s * dims.block
-        hidden, cache = model.lm(x, valid, memory.cache, write)
-        return hidden[:, -1], cache, write + dims.obs_len + dims.num_markers
-    x, valid = jax.vmap(functools.partial(window_context, enc, embed))(
-        memory.summary, window, obs.tokens, obs.progress
-    )
-    cache = init_cache(model.config, batch, dims.context + dims.turn_len)
-    hidden, cache = model.lm(x, valid, cache, 0)
-    return hidden[:, -1], cache, jnp.int32(dims.context)
-
-
-def _sample_turn(actor, hidden, cache, start, state, turn_keys, dims, config, allowed_fn, observed):
-    """Samples the L tokens of a turn, feeding each into the cache.
-
-    Returns (action [B, L], live [B, L], logp [B, L], values [B, L], allowed [B, L, V] or
-    None, cache).
-    """
-    batch = hidden.shape[0]
-    vocab = actor.config.vocab_size
-    sample = functools.partial(
-        sample_with_noise,
-        temperature=config.temperature,
-        top_k=config.top_k,
-        top_p=config.top_p,
-    )
-    shared_values = actor.value_head is not None
-    # The Gumbel noise of the whole turn in one call: no PRNG work inside the token loop.
-    noise = jax.vmap(lambda k: jax.random.gumbel(k, (dims.turn_len, vocab), jnp.float32))(turn_keys)
-
-    def token(carry, inputs):
-        i, token_noise = inputs
-        hidden, cache, prefix, done = carry
-        logits = actor.logits(hidden, observed)
-        if config.constrained:
-            allowed = allowed_fn(state, prefix, i)
-        else:
-            allowed = jnp.ones((batch, vocab), bool)
-        allowed = _ban_pad(allowed)
-        tok, logp = sample(token_noise, logits, mask=allowed_to_mask(allowed))
-        live = ~done
-        tok = jnp.where(live, tok, dsl.PAD)
-        value = actor.values(hidden) if shared_values else jnp.zeros((batch,), jnp.float32)
-        x = actor.encoder.action(actor.embed, tok[:, None])
-        hidden, cache = actor.lm(x, live[:, None], cache, start + i)
-        prefix = prefix.at[:, i].set(tok)
-        done = done | (tok == dsl.END)
-        out = (tok, live, jnp.where(live, logp, 0.0), value)
-        if config.constrained:
-            out = out + (allowed,)
-        return (hidden[:, 0], cache, prefix, done), out
-
-    init = (hidden, cache, jnp.zeros((batch, dims.turn_len), jnp.int32), jnp.zeros((batch,), bool))
-    steps = jnp.arange(dims.turn_len, dtype=jnp.int32)
-    (_, cache, _, _), out = jax.lax.scan(token, init, (steps, jnp.swapaxes(noise, 0, 1)))
-    out = [jnp.swapaxes(x, 0, 1) for x in out]
-    allowed = out[4] if config.constrained else None
-    return out[0], out[1], out[2], out[3], allowed, cache
-
-
-def _critic_values(critic, memory, window, obs, action, live, s, dims):
-    """Separate critic: V before each token of the sampled turn, in one chunked pass."""
-    enc, embed = critic.encoder, critic.embed
-    x_act = enc.action(embed, action)
-    if dims.window is None:
-        x_obs, v_obs = jax.vmap(functools.partial(enc.observation, embed))(obs.tokens, obs.progress)
-        x = jnp.concatenate([x_obs, x_act.astype(x_obs.dtype)], axis=1)
-        hidden, cache = critic.lm(
-            x, jnp.concatenate([v_obs, live], axis=1), memory.cache, s * dims.block
-        )
-        first = dims.obs_len + dims.num_markers - 1
-    else:
-        x_ctx, v_ctx = jax.vmap(functools.partial(window_context, enc, embed))(
-            memory.summary, window, obs.tokens, obs.progress
-        )
-        x = jnp.concatenate([x_ctx, x_act.astype(x_ctx.dtype)], axis=1)
-        hidden, cache = critic.lm(x, jnp.concatenate([v_ctx, live], axis=1))
-        first = dims.context - 1
-    return critic.values(hidden[:, first : first + dims.turn_len]), cache
-
-
-def _absorb_leaving(model, summary, window, obs, action, live, dims):
+def _absorb_leaving(model, summary, window, obs, action, live, window_size):
     """Summary for the next turn: absorb the turn that leaves the window (if any)."""
     enc, embed = model.encoder, model.embed
     if not enc.num_slots:
         return summary
-    if dims.window == 0:  # the current turn leaves at once
+    if window_size == 0:  # the current turn leaves at once
         leaving = (obs.tokens, obs.progress, action, live)
         present = jnp.ones(live.shape[:1], bool)
     else:

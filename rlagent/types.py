@@ -3,8 +3,8 @@
 Shapes use B episodes, S turns (policy steps), O observation tokens shown before a
 turn, L action tokens per turn and K task-progress markers. A trajectory is stored
 turn-major inside each row; `token_view` flattens it to the token-level conventions of
-DESIGN.md (`tokens [B, T]`, `loss_mask`, `turn_ids`) with T = S * (O + L): for every
-turn, the observation tokens the policy read, then the tokens it wrote.
+docs/architecture.md (`tokens [B, T]`, `loss_mask`, `turn_ids`) with T = S * (O + L): for
+every turn, the observation tokens the policy read, then the tokens it wrote.
 """
 
 from __future__ import annotations
@@ -33,7 +33,12 @@ class Trajectory(NamedTuple):
     bootstrap_value: jax.Array  # [B] float32: value after the last played turn if truncated.
     # [B, S, L, V] bool: tokens the sampler allowed (constrained decoding), so that
     # teacher-forced scoring renormalises over the same set; None when sampling was free.
-    token_mask: jax.Array | None = None
+    sampling_mask: jax.Array | None = None
+
+    @property
+    def loss_mask(self) -> jax.Array:
+        """`[B, S, L]` bool: tokens the policy generated in turns that were played."""
+        return self.action_mask & self.turn_mask[..., None]
 
 
 class TokenView(NamedTuple):
@@ -51,8 +56,7 @@ def token_view(trajectory: Trajectory) -> TokenView:
     batch, turns, obs_len = obs.shape
     act_len = act.shape[-1]
     tokens = jnp.concatenate([obs, act], axis=-1).reshape(batch, -1)
-    act_mask = trajectory.action_mask & trajectory.turn_mask[..., None]
-    loss_mask = jnp.concatenate([jnp.zeros_like(obs, dtype=bool), act_mask], axis=-1)
+    loss_mask = jnp.concatenate([jnp.zeros_like(obs, dtype=bool), trajectory.loss_mask], axis=-1)
     turn_index = jnp.broadcast_to(
         jnp.arange(turns, dtype=jnp.int32)[None, :, None], (batch, turns, obs_len + act_len)
     )

@@ -43,7 +43,6 @@ def test_guardrail_runs_and_config_errors():
     config = _tiny_config()
     runs = experiment.guardrail_runs(config)
     assert [run.config.env.guardrail for run in runs] == ["off", "penalise", "mask"]
-    assert [run.config.rollout.rules for run in runs] == [False, False, True]
     assert runs[1].config.train.violation_penalty == 1.0
     config.model.d_modle = 16
     with pytest.raises(ValueError, match="Unknown model config fields"):

@@ -14,26 +14,29 @@ from rlagent.envs import dsl
 from rlagent.models import Policy
 from rlagent.models import PolicyConfig
 from rlagent.rollout import RolloutConfig
+from rlagent.rollout import make_continue
 from rlagent.rollout import make_rollout
 from rlagent.rollout import make_score
 from rlagent.types import token_view
 
 BATCH = 4
 ENV = ToolWorld(ToolWorldConfig(level=2, max_turns=5, guardrail="penalise"))
+MASK_ENV = ToolWorld(ToolWorldConfig(level=2, max_turns=5, guardrail="mask"))
 
 # windowed + grammar/rule mask + shared value head; full context + free sampling + critic.
 CASES = {
     "windowed_constrained_shared": (
-        RolloutConfig(window=2, constrained=True, rules=True, temperature=0.9),
+        RolloutConfig(window=2, constrained=True, temperature=0.9),
         "shared",
+        MASK_ENV,
     ),
-    "full_free_separate": (RolloutConfig(window=None, top_k=20), "separate"),
+    "full_free_separate": (RolloutConfig(window=None, top_k=20), "separate", ENV),
 }
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def case(request):
-    config, value_head = CASES[request.param]
+    config, value_head, env = CASES[request.param]
     policy_config = PolicyConfig(
         vocab_size=dsl.VOCAB_SIZE,
         d_model=32,
@@ -47,19 +50,22 @@ def case(request):
         copy_prior=2.0,  # the copy gate must be applied identically in rollout and score
     )
     graphdef, params = nnx.split(Policy(policy_config, rngs=nnx.Rngs(0)))
-    inner, traces = make_rollout(ENV, graphdef, config), []
+    inner, traces = make_rollout(env, graphdef, config, with_carries=True), []
 
     def counted(*args):
         traces.append(1)
         return inner(*args)
 
     rollout = jax.jit(counted)
-    score = jax.jit(make_score(ENV, graphdef, config))
+    score = jax.jit(make_score(env, graphdef, config))
     env_keys = jax.random.split(jax.random.key(0), BATCH).at[1].set(jax.random.key(7))
     env_keys = env_keys.at[2].set(jax.random.key(7))  # rows 1 and 2 share a task
-    policy_keys = jax.random.split(jax.random.key(1), BATCH)
-    traj = rollout(params, env_keys, policy_keys)
+    policy_keys = jax.random.split(jax.random.key(8), BATCH)  # episodes of 1-3 turns
+    traj, carries = rollout(params, env_keys, policy_keys)
     return dict(
+        env=env,
+        graphdef=graphdef,
+        carries=carries,
         config=config,
         params=params,
         rollout=rollout,
@@ -80,13 +86,14 @@ def test_score_matches_rollout(case):
     np.testing.assert_allclose(np.where(played, values, 0), traj.values, atol=1e-5)
     assert (np.asarray(entropy)[played] >= -1e-6).all()
     assert (np.asarray(traj.logp)[played] <= 0).all()  # 0 where the mask forces a token
-    assert (traj.token_mask is not None) == case["config"].constrained
+    assert (traj.sampling_mask is not None) == case["config"].constrained
 
 
 def test_masks_and_turn_ids_match_transcript(case):
     """Replays the sampled actions in the env, step by step, and checks every field."""
     traj = jax.tree.map(np.asarray, case["traj"])
-    step, reset = jax.jit(ENV.step), jax.jit(ENV.reset)
+    env = case["env"]
+    step, reset = jax.jit(env.step), jax.jit(env.reset)
     for b in range(BATCH):
         state, ts = reset(case["env_keys"][b])
         alive = True
@@ -124,19 +131,19 @@ def test_constrained_sampling_obeys_mask(case):
     if not case["config"].constrained:
         assert (traj.action_tokens[played] != dsl.PAD).all()  # PAD is never generated
         return
-    chosen = np.take_along_axis(traj.token_mask, traj.action_tokens[..., None], -1)[..., 0]
+    chosen = np.take_along_axis(traj.sampling_mask, traj.action_tokens[..., None], -1)[..., 0]
     assert chosen[played].all()
     commands = jax.vmap(jax.vmap(lambda a: ENV.parse(a)[0]))(jnp.asarray(traj.action_tokens))
     assert (np.asarray(commands)[traj.turn_mask] != dsl.MALFORMED).all()
-    assert traj.violations.sum() == 0  # rules=True: the mask keeps the guardrail
+    assert traj.violations.sum() == 0  # guardrail="mask": the mask keeps the rules
 
 
 def test_deterministic_per_key_and_compiled_once(case):
     rollout, params = case["rollout"], case["params"]
-    again = rollout(params, case["env_keys"], case["policy_keys"])
+    again, _ = rollout(params, case["env_keys"], case["policy_keys"])
     chex.assert_trees_all_equal(again, case["traj"])
     other_keys = jax.random.split(jax.random.key(2), BATCH)
-    other = rollout(jax.tree.map(lambda p: p * 1.01, params), case["env_keys"], other_keys)
+    other, _ = rollout(jax.tree.map(lambda p: p * 1.01, params), case["env_keys"], other_keys)
     assert not np.array_equal(other.action_tokens, case["traj"].action_tokens)
     # Rows 1 and 2 share an env key: same task, same first message.
     np.testing.assert_array_equal(other.obs_tokens[1, 0], other.obs_tokens[2, 0])
@@ -151,9 +158,32 @@ def test_bootstrap_only_when_truncated(case):
         assert (np.asarray(traj.bootstrap_value)[truncated] != 0).all()
 
 
+def test_continue_replays_and_forks(case):
+    """Continuing from the carry of a turn start with the rollout's keys replays the rest."""
+    traj, carries, start = case["traj"], case["carries"], 1
+    continue_ = jax.jit(
+        make_continue(case["env"], case["graphdef"], case["config"]), static_argnames="num_turns"
+    )
+    carry = jax.tree.map(lambda x: x[start], carries)
+    rest = case["env"].max_turns - start
+    suffix = continue_(case["params"], carry, start, case["policy_keys"], num_turns=rest)
+    expected = jax.tree.map(lambda x: x[:, start:], traj._replace(bootstrap_value=None))
+    chex.assert_trees_all_close(
+        suffix._replace(bootstrap_value=None), expected, atol=1e-5, rtol=1e-5
+    )
+    np.testing.assert_allclose(suffix.bootstrap_value, traj.bootstrap_value, atol=1e-5)
+    # A one-turn segment bootstraps from V where its turn was played without termination.
+    one = continue_(case["params"], carry, start, case["policy_keys"], num_turns=1)
+    cut = np.asarray(one.turn_mask[:, 0] & ~one.done[:, 0])
+    assert cut.any() and (np.asarray(one.bootstrap_value)[~cut] == 0).all()
+    assert (np.asarray(one.bootstrap_value)[cut] != 0).all()
+    fork = continue_(case["params"], carry, start, case["policy_keys"][::-1], num_turns=rest)
+    assert not np.array_equal(fork.action_tokens, suffix.action_tokens)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="constrained"):
-        RolloutConfig(rules=True)
+        make_rollout(MASK_ENV, None, RolloutConfig(constrained=False))
     with pytest.raises(ValueError, match="window"):
         RolloutConfig(window=-1)
     wrong = PolicyConfig(vocab_size=dsl.VOCAB_SIZE + 1, d_model=16, num_heads=2, num_kv_heads=1)

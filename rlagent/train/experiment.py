@@ -73,7 +73,6 @@ def guardrail_runs(config: ml_collections.ConfigDict) -> list[Run]:
     for mode in ("off", "penalise", "mask"):
         run_config = ml_collections.ConfigDict(config.to_dict())
         run_config.env.guardrail = mode
-        run_config.rollout.rules = mode == "mask"
         if mode == "penalise" and not run_config.train.get("violation_penalty"):
             run_config.train.violation_penalty = 1.0
         runs.append(Run(f"guardrail_{mode}", (f"{reward}/guardrail={mode}",), run_config))
