@@ -4,6 +4,8 @@ from rlagent.credit.accuracy import CreditAccuracy
 from rlagent.credit.accuracy import credit_accuracy
 from rlagent.credit.accuracy import estimator_credit
 from rlagent.credit.accuracy import turn_credit
+from rlagent.credit.lm import forks_from_carries
+from rlagent.credit.lm import play_policy
 from rlagent.credit.mc import EnvEpisodes
 from rlagent.credit.mc import MCValues
 from rlagent.credit.mc import TurnSignals
