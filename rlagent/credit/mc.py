@@ -314,7 +314,7 @@ def mc_values(
     runs = turn_mask[b, r] & (fork < num_turns) & turn_mask[b, jnp.minimum(fork, num_turns - 1)]
     order = jnp.lexsort((fork, ~runs))  # running forks first, by start turn
     num_evals = order.shape[0]
-    per_chunk = max(1, chunk_size // num_samples)
+    per_chunk = min(max(1, chunk_size // num_samples), num_evals)
     num_chunks = -(-num_evals // per_chunk)
     padded = jnp.pad(order, (0, num_chunks * per_chunk - num_evals), constant_values=order[-1])
     eval_keys = jax.random.split(key, num_evals)
