@@ -5,15 +5,19 @@ played, every played turn gets its MC advantage under each reward form
 (`rlagent.credit.mc`), and each estimator's per-turn credit on the same batch is scored
 (`rlagent.credit.accuracy`). One row per policy x horizon x estimator x reward x seed.
 
-Policies act on the environment state: `random` (uniform over the grammar) and
-`prover_<eps>` (per turn, the oracle with probability eps, else random). The MC target is
-the advantage of the behaviour policy itself (continuations by the same policy).
+Policies of several skill levels: `random` (uniform over the grammar), `prover_<eps>`
+(per turn, the oracle with probability eps, else random), both acting on the environment
+state, and `ppo_<k>`, the tiny policy LM of the main experiment after k updates of a
+short PPO run on the horizon's task (`ppo_0`: untrained). The MC target is the advantage
+of the behaviour policy itself (continuations by the same policy; the LM resumes from the
+rollout's carries).
 
 Critic: critic-based estimators (GAE, hierarchical) read a value per token. Every one of
 them gets the same *unbiased noisy critic*: V^(s) = the mean return of `critic_samples`
 continuations from the start of turn s (independent of the MC target's), put on every
-token of the turn. So differences between estimators come from how they assign credit,
-not from how well a critic happened to train; a learned critic adds its bias on top.
+token of the turn, for every policy (the LM's own value head, trained on one reward form,
+is not used). So differences between estimators come from how they assign credit, not
+from how well a critic happened to train; a learned critic adds its bias on top.
 """
 
 from __future__ import annotations
@@ -24,20 +28,29 @@ import math
 import os
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from flax import nnx
 
 from rlagent.credit import accuracy
+from rlagent.credit import lm
 from rlagent.credit import mc
 from rlagent.envs import ToolWorld
 from rlagent.envs import dsl
 from rlagent.envs import horizon_config
+from rlagent.models import Policy
+from rlagent.models import PolicyConfig
+from rlagent.rollout import RolloutConfig
+from rlagent.rollout import make_rollout
+from rlagent.train import make_train
 from rlagent.train import report
 from rlagent.train.config import TrainConfig
 from rlagent.train.rewards import reward_weights
@@ -62,8 +75,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     for horizon in [int(h) for h in _names(config.horizons)]:
         env = ToolWorld(horizon_config(horizon))
         for policy_name in _names(config.policies):
-            policy = make_policy(env, policy_name)
-            measure = _measure_fn(env, policy, base, config)
+            measure = make_measure(env, policy_name, base, config)
             for seed in range(config.first_seed, config.first_seed + config.seeds):
                 batch = measure(jax.random.key(seed), weights)
                 for (spec, est_config), (r, reward) in _product(estimators.items(), rewards):
@@ -95,57 +107,129 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     return summary
 
 
-def make_policy(env: ToolWorld, name: str) -> mc.EnvPolicy:
-    """`random` or `prover_<eps>` (per-turn epsilon-mixture of random with the oracle)."""
-    if name == "random":
-        return mc.uniform_random(env)
-    if name.startswith("prover_"):
-        epsilon = float(name.removeprefix("prover_"))
-        return mc.mixture(mc.uniform_random(env), mc.oracle(env), epsilon)
-    raise ValueError(f"Unknown policy {name!r}: expected 'random' or 'prover_<epsilon>'.")
-
-
 class _Batch:
     """What the estimators and the scores need from one measured batch (device arrays)."""
 
     def __init__(self, trajectory, values, mc_values, success):
-        self.trajectory = trajectory  # Trajectory without values.
+        self.trajectory = trajectory  # the behaviour episodes (their values are replaced).
         self.values = values  # [R, B, S] noisy critic per reward form.
         self.mc = mc_values  # MCValues with [R, B, S] fields.
         self.success = success  # [] success rate of the behaviour episodes.
         self.turns = jnp.mean(jnp.sum(trajectory.turn_mask, axis=1))
 
 
-def _measure_fn(env, policy, base: TrainConfig, config):
-    """A jitted `measure(key, weights) -> _Batch` for one environment and policy."""
-    batch_size = base.batch_size
+def make_measure(env: ToolWorld, name: str, base: TrainConfig, config) -> Callable:
+    """`measure(key, weights [R, C]) -> _Batch` for the policy called `name`.
+
+    `random` and `prover_<eps>` act on the environment state; `ppo_<k>` is the policy LM
+    after k updates of a short PPO run on this horizon (`config.ppo`, seed
+    `config.first_seed`), continued by itself from the rollout's carries.
+    """
+    if name.startswith("ppo_"):
+        setup = _lm_setup(config)
+        params = _checkpoint(env, setup, config, int(name.removeprefix("ppo_")))
+        measure = _lm_measure(env, setup, base, _Sampling.of(config))
+        return lambda key, weights: measure(params, key, weights)
+    if name == "random":
+        policy = mc.uniform_random(env)
+    elif name.startswith("prover_"):
+        epsilon = float(name.removeprefix("prover_"))
+        policy = mc.mixture(mc.uniform_random(env), mc.oracle(env), epsilon)
+    else:
+        raise ValueError(f"Unknown policy {name!r}: 'random', 'prover_<eps>' or 'ppo_<updates>'.")
     play = mc.play_env_policy(env, policy)
 
+    def env_episodes(params, env_keys, policy_keys):
+        del params
+        played = mc.rollout_env_policy(env, policy, env_keys, policy_keys)
+        return env_trajectory(played), played.states, play
+
+    measure = _measure_fn(env_episodes, base, _Sampling.of(config))
+    return lambda key, weights: measure(None, key, weights)
+
+
+@functools.cache
+def _lm_measure(env: ToolWorld, setup: _LMSetup, base: TrainConfig, sampling) -> Callable:
+    """One compiled measurement per environment, shared by every LM checkpoint."""
+    rollout = make_rollout(env, setup.graphdef, setup.rollout_config, with_carries=True)
+
+    def episodes(params, env_keys, policy_keys):
+        trajectory, carries = rollout(params, env_keys, policy_keys)
+        play = lm.play_policy(env, setup.graphdef, setup.rollout_config, params)
+        # Scoring reads no sampling mask: drop it so LM and environment-level batches
+        # share the estimators' compiled programs.
+        trajectory = trajectory._replace(sampling_mask=None)
+        return trajectory, lm.forks_from_carries(carries), play
+
+    return _measure_fn(episodes, base, sampling)
+
+
+class _Sampling(NamedTuple):
+    num_samples: int
+    critic_samples: int
+    chunk_size: int
+
+    @classmethod
+    def of(cls, config) -> _Sampling:
+        return cls(config.num_samples, config.critic_samples, config.chunk_size)
+
+
+def _measure_fn(episodes: Callable, base: TrainConfig, sampling: _Sampling) -> Callable:
+    """Jitted `measure(params, key, weights) -> _Batch` around `episodes(params, env_keys,
+    policy_keys) -> (trajectory, forks, play)`."""
+
     @jax.jit
-    def measure(key, weights):
+    def measure(params, key, weights):
         env_key, policy_key, mc_key, critic_key = jax.random.split(key, 4)
         env_keys = jnp.repeat(jax.random.split(env_key, base.num_groups), base.group_size, 0)
-        policy_keys = jax.random.split(policy_key, batch_size)
-        episodes = mc.rollout_env_policy(env, policy, env_keys, policy_keys)
+        policy_keys = jax.random.split(policy_key, base.batch_size)
+        trajectory, forks, play = episodes(params, env_keys, policy_keys)
         estimate = functools.partial(
             mc.mc_values,
             play,
-            episodes.states,
-            episodes.signals,
+            forks,
+            mc.trajectory_signals(trajectory),
             reward_weights=weights,
             config=base,
-            chunk_size=config.chunk_size,
+            chunk_size=sampling.chunk_size,
         )
-        target = estimate(mc_key, num_samples=config.num_samples)
-        critic = estimate(critic_key, num_samples=config.critic_samples)
-        trajectory = env_trajectory(episodes)
-        success = jnp.mean(jnp.sum(episodes.signals.outcome, axis=1) > 0)
+        target = estimate(mc_key, num_samples=sampling.num_samples)
+        critic = estimate(critic_key, num_samples=sampling.critic_samples)
+        success = jnp.mean(jnp.sum(trajectory.outcome, axis=1) > 0)
         return trajectory, critic.value, target, success
 
-    def run_measure(key, weights):
-        return _Batch(*measure(key, weights))
+    return lambda params, key, weights: _Batch(*measure(params, key, weights))
 
-    return run_measure
+
+class _LMSetup(NamedTuple):
+    policy_config: PolicyConfig
+    rollout_config: RolloutConfig
+    graphdef: Any
+
+
+@functools.cache
+def _lm_setup_cached(model: tuple, rollout: tuple) -> _LMSetup:
+    policy_config = PolicyConfig(**{"vocab_size": dsl.VOCAB_SIZE, **dict(model)})
+    rollout_config = RolloutConfig(**dict(rollout))
+    abstract = nnx.eval_shape(lambda: Policy(policy_config, rngs=nnx.Rngs(0)))
+    return _LMSetup(policy_config, rollout_config, nnx.split(abstract)[0])
+
+
+def _lm_setup(config) -> _LMSetup:
+    """Policy and rollout configs of the LM policies (one graph for every horizon)."""
+    return _lm_setup_cached(
+        tuple(sorted(config.model.items())), tuple(sorted(config.rollout.items()))
+    )
+
+
+def _checkpoint(env: ToolWorld, setup: _LMSetup, config, num_updates: int):
+    """Parameters after `num_updates` PPO updates on `env` (0: the initial policy)."""
+    train_config = TrainConfig.from_mapping({**config.ppo, "num_updates": max(num_updates, 1)})
+    trainer = make_train(train_config, env, setup.policy_config, setup.rollout_config)
+    state = trainer.init(jax.random.key(config.first_seed))
+    if num_updates:
+        state, _ = jax.jit(trainer.train)(jax.random.key(config.first_seed))
+    return state.params
 
 
 def env_trajectory(episodes: mc.EnvEpisodes, values: jax.Array | None = None) -> Trajectory:
