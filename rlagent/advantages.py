@@ -13,11 +13,11 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from rlagent.returns import _check_float
-from rlagent.returns import _check_like
-from rlagent.returns import _check_mask
-from rlagent.returns import _check_rows
-from rlagent.returns import _lambda_recurrence
+from rlagent._checks import _check_float
+from rlagent._checks import _check_like
+from rlagent._checks import _check_mask
+from rlagent._checks import _check_rows
+from rlagent._recurrence import _lambda_recurrence
 from rlagent.returns import discounted_returns
 
 SCALES = ("std", "none")

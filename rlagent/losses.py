@@ -11,11 +11,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rlagent.returns import _check_float
-from rlagent.returns import _check_like
-from rlagent.returns import _check_mask
+from rlagent._checks import _check_float
+from rlagent._checks import _check_like
+from rlagent._checks import _check_mask
 
-AGGREGATIONS = (
+AGG_MODES = (
     "token-mean",
     "seq-mean-token-sum",
     "seq-mean-token-mean",
@@ -310,8 +310,8 @@ def prm_loss(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array
 
 
 def _check_agg(mode: str) -> None:
-    if mode not in AGGREGATIONS:
-        raise ValueError(f"`agg` must be one of {AGGREGATIONS}, got {mode!r}")
+    if mode not in AGG_MODES:
+        raise ValueError(f"`agg` must be one of {AGG_MODES}, got {mode!r}")
 
 
 def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:

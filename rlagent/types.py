@@ -63,3 +63,28 @@ def token_view(trajectory: Trajectory) -> TokenView:
     loss_mask = loss_mask.reshape(batch, -1)
     turn_ids = jnp.where(loss_mask, turn_index.reshape(batch, -1), -1)
     return TokenView(tokens=tokens, loss_mask=loss_mask, turn_ids=turn_ids)
+
+
+def action_rows(x: jax.Array) -> jax.Array:
+    """`[B, S, L, ...]` -> `[B, S * L, ...]`: one row per episode, generated-token slots only.
+
+    The trainer hands kernels this action-only layout instead of the token view
+    `[B, T]` (`token_view`), which also holds the O observation tokens read before every
+    turn. For every estimator and loss the two give the same result at the loss positions
+    (`loss_mask`), because in the token view an observation token (and a padding slot
+    after END) is always masked, carries no reward (a turn's reward sits on its last
+    generated token, the KL reward on generated tokens only) and no value that is read:
+
+    * bridged recursions (`gae`, `lambda_returns`, `discounted_returns`, hence `gae_token`,
+      `reinforce_pp` and the token part of `hierarchical`) equal their plain counterpart on
+      the compressed sequence of unmasked positions (`rlagent.returns`), and deleting
+      masked positions leaves the same sequence, in the same order, in both layouts;
+    * `whiten`, `aggregate` and the losses reduce over the masked set only, and
+      `seq-mean-*` aggregations count tokens per row, which both layouts keep per episode;
+    * turn-level and episode-level estimators read `[B, S]` / `[B]` arrays and only
+      broadcast back onto `loss_mask`; `turn_ids` map the same tokens to the same turns.
+
+    `tests/test_train_parts.py` checks the equivalence for GAE, REINFORCE++ and the
+    hierarchical estimator.
+    """
+    return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])

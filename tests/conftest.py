@@ -15,3 +15,29 @@ def variant(request):
         return jax.jit(bound) if request.param else bound
 
     return wrap
+
+
+@pytest.fixture(scope="session")
+def tiny_policy_config():
+    """`make(**overrides) -> PolicyConfig`: the tiny policy the model and rollout tests share.
+
+    One layer, d = 32, ToolWorld's vocabulary, a 2-slot summary: small enough to compile in
+    seconds, with every part (GQA, summary recurrence, value head) present.
+    """
+    from rlagent.envs import dsl
+    from rlagent.models import PolicyConfig
+
+    def make(**overrides):
+        base = dict(
+            vocab_size=dsl.VOCAB_SIZE,
+            d_model=32,
+            num_layers=1,
+            num_heads=2,
+            num_kv_heads=1,
+            mlp_dim=32,
+            num_summary_slots=2,
+            summary_dim=16,
+        )
+        return PolicyConfig(**{**base, **overrides})
+
+    return make

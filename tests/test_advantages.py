@@ -36,7 +36,7 @@ def np_plain_gae(rewards, values, boot, gamma, lam):
 
 
 def np_bridged_gae(rewards, values, mask, gamma, lam, boot):
-    """Plain GAE on the compressed sequence (the DESIGN invariant), scattered back."""
+    """Plain GAE on the compressed sequence (the bridging invariant), scattered back."""
     adv = np.zeros(rewards.shape)
     for b in range(rewards.shape[0]):
         idx = np.nonzero(mask[b])[0]

@@ -7,7 +7,6 @@ import pytest
 from flax import nnx
 
 from rlagent.models import Policy
-from rlagent.models import PolicyConfig
 from rlagent.models.state_encoder import gather_window
 from rlagent.models.state_encoder import summary_sequence
 from rlagent.models.state_encoder import window_context
@@ -16,19 +15,6 @@ from rlagent.types import Trajectory
 
 VOCAB, TURNS, OBS, MARKERS, ACT, WINDOW = 24, 6, 3, 2, 3, 2
 UNIQUE = 22  # token that only turn 0 contains
-
-
-def _config(slots):
-    return PolicyConfig(
-        vocab_size=VOCAB,
-        d_model=32,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        mlp_dim=32,
-        num_summary_slots=slots,
-        summary_dim=16,
-    )
 
 
 def _trajectory(seed):
@@ -55,8 +41,9 @@ def _trajectory(seed):
 
 
 @pytest.fixture(scope="module", params=[0, 3], ids=["no_summary", "summary"])
-def actor(request):
-    graphdef, params = nnx.split(Policy(_config(request.param), rngs=nnx.Rngs(0)).actor)
+def actor(request, tiny_policy_config):
+    config = tiny_policy_config(vocab_size=VOCAB, num_summary_slots=request.param)
+    graphdef, params = nnx.split(Policy(config, rngs=nnx.Rngs(0)).actor)
     return graphdef, params
 
 

@@ -12,7 +12,6 @@ from rlagent.envs import ToolWorld
 from rlagent.envs import ToolWorldConfig
 from rlagent.envs import dsl
 from rlagent.models import Policy
-from rlagent.models import PolicyConfig
 from rlagent.rollout import RolloutConfig
 from rlagent.rollout import make_continue
 from rlagent.rollout import make_rollout
@@ -35,20 +34,10 @@ CASES = {
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
-def case(request):
+def case(request, tiny_policy_config):
     config, value_head, env = CASES[request.param]
-    policy_config = PolicyConfig(
-        vocab_size=dsl.VOCAB_SIZE,
-        d_model=32,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        mlp_dim=32,
-        num_summary_slots=2,
-        summary_dim=16,
-        value_head=value_head,
-        copy_prior=2.0,  # the copy gate must be applied identically in rollout and score
-    )
+    # The copy gate must be applied identically in rollout and score.
+    policy_config = tiny_policy_config(value_head=value_head, copy_prior=2.0)
     graphdef, params = nnx.split(Policy(policy_config, rngs=nnx.Rngs(0)))
     inner, traces = make_rollout(env, graphdef, config, with_carries=True), []
 
@@ -80,7 +69,7 @@ def case(request):
 def test_score_matches_rollout(case):
     traj = case["traj"]
     logp, values, entropy = case["score"](case["params"], traj)
-    played = np.asarray(traj.action_mask & traj.turn_mask[..., None])
+    played = np.asarray(traj.loss_mask)
     assert played.sum() > 0
     np.testing.assert_allclose(np.where(played, logp, 0), traj.logp, atol=1e-5)
     np.testing.assert_allclose(np.where(played, values, 0), traj.values, atol=1e-5)
@@ -122,12 +111,12 @@ def test_masks_and_turn_ids_match_transcript(case):
     np.testing.assert_array_equal(
         np.asarray(view.turn_ids), np.where(loss_mask, turn_of_token[None], -1)
     )
-    assert loss_mask.sum() == (traj.action_mask & traj.turn_mask[..., None]).sum()
+    assert loss_mask.sum() == traj.loss_mask.sum()
 
 
 def test_constrained_sampling_obeys_mask(case):
     traj = jax.tree.map(np.asarray, case["traj"])
-    played = traj.action_mask & traj.turn_mask[..., None]
+    played = traj.loss_mask
     if not case["config"].constrained:
         assert (traj.action_tokens[played] != dsl.PAD).all()  # PAD is never generated
         return
@@ -181,12 +170,12 @@ def test_continue_replays_and_forks(case):
     assert not np.array_equal(fork.action_tokens, suffix.action_tokens)
 
 
-def test_bad_arguments():
+def test_bad_arguments(tiny_policy_config):
     with pytest.raises(ValueError, match="constrained"):
         make_rollout(MASK_ENV, None, RolloutConfig(constrained=False))
     with pytest.raises(ValueError, match="window"):
         RolloutConfig(window=-1)
-    wrong = PolicyConfig(vocab_size=dsl.VOCAB_SIZE + 1, d_model=16, num_heads=2, num_kv_heads=1)
+    wrong = tiny_policy_config(vocab_size=dsl.VOCAB_SIZE + 1)
     graphdef, params = nnx.split(nnx.eval_shape(lambda: Policy(wrong, rngs=nnx.Rngs(0))))
     keys = jax.random.split(jax.random.key(0), 2)
     with pytest.raises(ValueError, match="vocab_size"):

@@ -128,7 +128,7 @@ def test_copy_gate_scores_like_the_rollout_and_learns():
     )
     score = make_score(ENV, graphdef, ROLLOUT)
     logp, _, _ = jax.jit(score)(params, traj)
-    played = np.asarray(traj.action_mask & traj.turn_mask[..., None])
+    played = np.asarray(traj.loss_mask)
     np.testing.assert_allclose(np.asarray(logp)[played], np.asarray(traj.logp)[played], atol=1e-5)
     # The gate is a parameter: the log-likelihood of the sampled tokens depends on it.
     grads = jax.grad(lambda p: jnp.sum(score(p, traj)[0]))(params)

@@ -7,20 +7,26 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlagent.advantages import gae
+from rlagent.advantages import hierarchical_advantages
+from rlagent.advantages import reinforce_pp_returns
 from rlagent.returns import compose_rewards
+from rlagent.train import estimators
 from rlagent.train import report
 from rlagent.train.config import ESTIMATORS
 from rlagent.train.config import REWARDS
 from rlagent.train.config import TrainConfig
+from rlagent.train.estimators import anchor_ids
+from rlagent.train.estimators import estimate_advantages
+from rlagent.train.estimators import estimator_inputs
 from rlagent.train.ppo import _adapt_kl_coef
-from rlagent.train.ppo import anchor_ids
 from rlagent.train.ppo import episode_metrics
-from rlagent.train.ppo import estimate_advantages
 from rlagent.train.rewards import POTENTIAL_SCALE
 from rlagent.train.rewards import reward_weights
 from rlagent.train.rewards import turn_rewards
 from rlagent.train.writers import MetricWriter
 from rlagent.types import Trajectory
+from rlagent.types import token_view
 
 B, S, O, L, K = 4, 3, 2, 3, 2  # two groups of two episodes.
 
@@ -146,16 +152,16 @@ def test_every_estimator_gives_finite_masked_advantages(estimator):
     advantages, targets = jax.jit(estimate_advantages, static_argnums=3)(
         traj, rewards, jnp.zeros_like(traj.logp), config
     )
-    token_mask = np.asarray(traj.action_mask & traj.turn_mask[..., None])
+    loss_mask = np.asarray(traj.loss_mask)
     assert advantages.shape == targets.shape == (B, S, L)
     assert np.all(np.isfinite(advantages))
-    assert np.all(np.asarray(advantages)[~token_mask] == 0)
-    assert np.any(np.asarray(advantages)[token_mask] != 0)
+    assert np.all(np.asarray(advantages)[~loss_mask] == 0)
+    assert np.any(np.asarray(advantages)[loss_mask] != 0)
 
 
 def test_group_estimators_match_hand_computed_episode_advantages():
     traj = _trajectory()
-    token_mask = np.asarray(traj.action_mask & traj.turn_mask[..., None])
+    loss_mask = np.asarray(traj.loss_mask)
     config = _config(estimator="drgrpo", reward="process")
     rewards = turn_rewards(traj, config)
     scores = np.asarray(rewards).sum(axis=1)  # [3, 0, -1, 2]
@@ -165,14 +171,14 @@ def test_group_estimators_match_hand_computed_episode_advantages():
     )  # fmt: skip
     advantages, _ = estimate_advantages(traj, rewards, jnp.zeros_like(traj.logp), config)
     for row in range(B):
-        np.testing.assert_allclose(np.asarray(advantages)[row][token_mask[row]], expected[row])
+        np.testing.assert_allclose(np.asarray(advantages)[row][loss_mask[row]], expected[row])
     # RLOO with groups of two: s_i - s_j.
     config = _config(estimator="rloo", reward="process")
     advantages, _ = estimate_advantages(traj, rewards, jnp.zeros_like(traj.logp), config)
     rloo = np.array([scores[0] - scores[1], scores[1] - scores[0],
                      scores[2] - scores[3], scores[3] - scores[2]])  # fmt: skip
     for row in range(B):
-        np.testing.assert_allclose(np.asarray(advantages)[row][token_mask[row]], rloo[row])
+        np.testing.assert_allclose(np.asarray(advantages)[row][loss_mask[row]], rloo[row])
 
 
 def test_turn_gae_broadcasts_one_advantage_per_turn():
@@ -183,7 +189,7 @@ def test_turn_gae_broadcasts_one_advantage_per_turn():
     values = np.asarray(traj.values)[:, :, 0]
     # lam = gamma = 1: advantage = (return from turn s) - V_s, the same on every token.
     returns = np.cumsum(np.asarray(rewards)[:, ::-1], axis=1)[:, ::-1]
-    mask = np.asarray(traj.action_mask & traj.turn_mask[..., None])
+    mask = np.asarray(traj.loss_mask)
     for b in range(B):
         for s in range(S):
             if traj.turn_mask[b, s]:
@@ -194,6 +200,103 @@ def test_turn_gae_broadcasts_one_advantage_per_turn():
                 np.testing.assert_allclose(
                     np.asarray(targets)[b, s][mask[b, s]], returns[b, s], rtol=1e-5
                 )
+
+
+def _estimate(name, traj, **overrides):
+    """The table entry `name` alone (no whitening), on the process reward."""
+    config = _config(estimator=name, reward="process", **overrides)
+    inputs = estimator_inputs(traj, turn_rewards(traj, config), jnp.zeros_like(traj.logp), 2)
+    return estimators.ESTIMATORS[name].estimate(inputs, config)
+
+
+def _on_token_view(x, traj):
+    """`[B, S, L]` -> the token view's `[B, S * (O + L)]`, zeros on observation tokens."""
+    obs = jnp.zeros(traj.obs_tokens.shape, x.dtype)
+    return jnp.concatenate([obs, x], axis=-1).reshape(B, -1)
+
+
+def test_action_rows_equal_the_token_view_for_token_estimators():
+    """Observation tokens are masked and rewardless: dropping them changes no advantage."""
+    traj = _trajectory()._replace(bootstrap_value=jnp.asarray([0.0, 0.5, 0.0, -1.0]))
+    config = _config(reward="process", gamma=0.9, lam=0.8)
+    inputs = estimator_inputs(traj, turn_rewards(traj, config), jnp.zeros_like(traj.logp), 2)
+    view = token_view(traj)
+    assert view.tokens.shape == (B, S * (O + L))
+    on_loss = np.asarray(traj.loss_mask)
+
+    def check(name, on_view):
+        got = np.asarray(estimators.ESTIMATORS[name].estimate(inputs, config).advantages)
+        np.testing.assert_allclose(np.asarray(on_view)[np.asarray(view.loss_mask)], got[on_loss],
+                                   rtol=1e-5, atol=1e-6)  # fmt: skip
+
+    rewards, values = _on_token_view(inputs.token_rewards, traj), _on_token_view(traj.values, traj)
+    check("gae_token", gae(rewards, values, view.loss_mask, gamma=0.9, lam=0.8,
+                           bootstrap_value=traj.bootstrap_value).advantages)  # fmt: skip
+    check("reinforce_pp", reinforce_pp_returns(rewards, view.loss_mask, gamma=0.9).advantages)
+    check("hierarchical", hierarchical_advantages(
+        inputs.turn_rewards, traj.values[:, :, 0], traj.turn_mask, view.turn_ids, gamma=0.9,
+        lam=0.8, token_values=values, bootstrap_value=traj.bootstrap_value,
+    ).token_advantages)  # fmt: skip
+
+
+def test_gae_token_puts_the_turn_reward_on_its_last_token():
+    traj = _trajectory()
+    advantages, targets = _estimate("gae_token", traj, gamma=1.0, lam=1.0)
+    # gamma = lam = 1: the return of a token is the reward of its turn and all later turns.
+    rewards = np.asarray(turn_rewards(traj, _config(reward="process")))
+    later = np.cumsum(rewards[:, ::-1], axis=1)[:, ::-1]
+    mask = np.asarray(traj.loss_mask)
+    expected = np.broadcast_to(later[..., None], mask.shape)
+    np.testing.assert_allclose(np.asarray(targets)[mask], expected[mask], rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(advantages)[mask], (expected - np.asarray(traj.values))[mask], rtol=1e-5
+    )
+
+
+def test_hierarchical_uses_the_turn_critic_targets_and_token_baselines():
+    traj = _trajectory()
+    advantages, targets = _estimate("hierarchical", traj)
+    turn_adv, turn_targets = _estimate("gae_turn", traj)
+    np.testing.assert_allclose(targets, turn_targets, rtol=1e-6)
+    # A_t = Q_s - V_t: the first token of a turn (V_t = V_s) gets the turn advantage.
+    mask = np.asarray(traj.loss_mask)
+    first = mask[..., 0]
+    np.testing.assert_allclose(
+        np.asarray(advantages)[..., 0][first], np.asarray(turn_adv)[..., 0][first], atol=1e-5
+    )
+    np.testing.assert_allclose(
+        np.asarray(advantages)[mask], (np.asarray(targets) - np.asarray(traj.values))[mask],
+        rtol=1e-5, atol=1e-6,
+    )  # fmt: skip
+
+
+def test_grpo_is_drgrpo_scaled_by_the_group_std():
+    traj = _trajectory()
+    grpo, targets = _estimate("grpo", traj)
+    drgrpo, _ = _estimate("drgrpo", traj)
+    std = np.std([3.0, 0.0], ddof=1)  # both groups: scores {3, 0} and {-1, 2}
+    np.testing.assert_allclose(grpo, np.asarray(drgrpo) / (std + 1e-6), rtol=1e-5)
+    assert not np.asarray(targets).any()
+
+
+def test_reinforce_pp_whitens_token_returns():
+    traj = _trajectory()
+    advantages, targets = _estimate("reinforce_pp", traj)
+    values = np.asarray(advantages)[np.asarray(traj.loss_mask)]
+    assert abs(values.mean()) < 1e-5 and abs(values.std() - 1) < 1e-3
+    assert not np.asarray(targets).any()
+
+
+def test_gigpo_adds_step_advantages_within_anchor_groups():
+    traj = _trajectory()
+    episode_only, _ = _estimate("gigpo", traj, gigpo_omega=0.0)
+    np.testing.assert_allclose(episode_only, _estimate("drgrpo", traj)[0], atol=1e-6)
+    with_steps, _ = _estimate("gigpo", traj, gigpo_omega=1.0)
+    # Rows 0 and 1 start from the same observation: their first turns form an anchor group.
+    rewards = np.asarray(turn_rewards(traj, _config(reward="process")))
+    first_returns = rewards.sum(axis=1)[:2]  # gamma = 1: return from turn 0 = the score
+    step = np.asarray(with_steps - episode_only)[:2, 0, 0]
+    np.testing.assert_allclose(step, first_returns - first_returns.mean(), atol=1e-6)
 
 
 def test_anchor_ids_identify_identical_observations():
@@ -255,11 +358,11 @@ def test_kl_in_the_reward_reaches_every_estimator_level():
     traj = _trajectory()
     config = _config(estimator="drgrpo", reward="outcome")
     rewards = turn_rewards(traj, config)
-    kl_reward = -0.1 * (traj.action_mask & traj.turn_mask[..., None]).astype(jnp.float32)
+    kl_reward = -0.1 * traj.loss_mask.astype(jnp.float32)
     with_kl, _ = estimate_advantages(traj, rewards, kl_reward, config)
     without, _ = estimate_advantages(traj, rewards, jnp.zeros_like(kl_reward), config)
     # Episode scores drop by 0.1 per generated token; rows 0/1 differ by 7 - 4 tokens.
-    mask = np.asarray(traj.action_mask & traj.turn_mask[..., None])
+    mask = np.asarray(traj.loss_mask)
     shift = np.asarray(with_kl - without)[0][mask[0]]
     np.testing.assert_allclose(shift, -0.1 * (7 - 4) / 2, atol=1e-6)
 

@@ -11,16 +11,12 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-ESTIMATORS = (
-    "gae_token",  # token-level GAE over generated tokens, bridging observation tokens.
-    "gae_turn",  # turn-level GAE (value at each turn's first token), broadcast to tokens.
-    "hierarchical",  # turn-level critic drives every token of the turn (ArCHer style).
-    "grpo",  # group-relative episode score, scaled by the group std.
-    "drgrpo",  # Dr.GRPO: group-relative, no std scaling.
-    "rloo",  # leave-one-out baseline.
-    "reinforce_pp",  # REINFORCE++: discounted token returns, globally whitened.
-    "gigpo",  # episode-relative plus step-relative within anchor-state groups.
-)
+from rlagent.losses import AGG_MODES
+from rlagent.losses import KL_KINDS
+from rlagent.train.estimators import ESTIMATORS as ESTIMATOR_TABLE
+
+# Estimator names, in the order of the table they come from (`rlagent.train.estimators`).
+ESTIMATORS = tuple(ESTIMATOR_TABLE)
 REWARDS = (
     "outcome",  # sparse: 1 on the final turn if the task is solved without a violation.
     "process",  # dense: the oracle process verdict (+1 / 0 / -1) of every turn.
@@ -29,10 +25,7 @@ REWARDS = (
     "prm_min",  # outcome + prm_rewards(verdict, form="min").
     "potential",  # outcome + potential shaping with Phi = fraction of the plan done.
 )
-CRITIC_ESTIMATORS = ("gae_token", "gae_turn", "hierarchical")
 KL_PLACEMENTS = ("none", "reward", "loss")
-KL_KINDS = ("k1", "k2", "k3", "abs")
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 SCHEDULES = ("constant", "linear", "cosine")
 
 
@@ -96,7 +89,7 @@ class TrainConfig:
                 f"num_groups * group_size = {self.batch_size} episodes must divide into "
                 f"num_minibatches = {self.num_minibatches} equal minibatches."
             )
-        if self.estimator in ("grpo", "drgrpo", "rloo", "gigpo") and self.group_size < 2:
+        if ESTIMATOR_TABLE[self.estimator].grouped and self.group_size < 2:
             raise ValueError(f"estimator={self.estimator!r} needs group_size >= 2.")
         if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.lam <= 1.0:
             raise ValueError(f"gamma and lam must lie in [0, 1], got {self.gamma}, {self.lam}.")
@@ -123,7 +116,7 @@ class TrainConfig:
 
     @property
     def uses_critic(self) -> bool:
-        return self.estimator in CRITIC_ESTIMATORS
+        return ESTIMATOR_TABLE[self.estimator].uses_critic
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> TrainConfig:

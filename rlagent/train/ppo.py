@@ -13,6 +13,7 @@ With a `jax.sharding.Mesh`, the episodes of every batch are laid along its data 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 from typing import NamedTuple
@@ -22,18 +23,18 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from rlagent import advantages as adv_lib
 from rlagent import losses
-from rlagent import returns as returns_lib
 from rlagent.models import Policy
 from rlagent.models import PolicyConfig
 from rlagent.rollout import RolloutConfig
 from rlagent.rollout import make_rollout
 from rlagent.rollout import make_score
 from rlagent.train.config import TrainConfig
+from rlagent.train.estimators import estimate_advantages
 from rlagent.train.rewards import reward_weights
 from rlagent.train.rewards import turn_rewards
 from rlagent.types import Trajectory
+from rlagent.types import action_rows
 
 Metrics = dict[str, jax.Array]
 
@@ -74,7 +75,13 @@ def make_train(
     mesh: jax.sharding.Mesh | None = None,
     data_axis: str = "data",
 ) -> Trainer:
-    """Builds the pure PPO training functions for `env` and a `Policy(policy_config)`."""
+    """Builds the pure PPO training functions for `env` and a `Policy(policy_config)`.
+
+    Longer than most functions here on purpose: `init`, `update` and `train` are closures
+    over the same rollout, score and optimiser, and `update` reads top-down as one PPO
+    iteration (rollout, rewards, KL, advantages, optimisation, metrics); the loss and the
+    minibatch loop live in `_ppo_loss` and `_optimise`.
+    """
     abstract = nnx.eval_shape(lambda: Policy(policy_config, rngs=nnx.Rngs(0)))
     graphdef, _ = nnx.split(abstract)
     rollout = make_rollout(env, graphdef, rollout_config)
@@ -87,15 +94,10 @@ def make_train(
         probe = make_credit_probe(env, graphdef, rollout_config, config)
     optimizer = _make_optimizer(config)
     batch_size = config.batch_size
-    minibatch_size = batch_size // config.num_minibatches
     needs_ref = config.kl_placement != "none"
     default_weights = reward_weights(config)
 
-    def shard(tree):
-        if mesh is None:
-            return tree
-        spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(data_axis))
-        return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, spec), tree)
+    shard = _sharder(mesh, data_axis)
 
     def init(key: jax.Array, reward_weights: jax.Array | None = None) -> RunnerState:
         """A fresh run; `reward_weights [C]` default to those of `config.reward`."""
@@ -127,17 +129,17 @@ def make_train(
             trajectory = trajectory._replace(
                 bootstrap_value=jnp.zeros_like(trajectory.bootstrap_value)
             )
-        token_mask = trajectory.action_mask & trajectory.turn_mask[..., None]
+        loss_mask = trajectory.loss_mask
         if needs_ref:
             ref_logp = jax.lax.stop_gradient(score(state.ref_params, trajectory)[0])
         else:
             ref_logp = trajectory.logp
         rewards = turn_rewards(trajectory, config, state.reward_weights)
         kl_tokens = (
-            losses.kl_penalty(_rows(trajectory.logp), _rows(ref_logp), kind=config.kl_kind).reshape(
-                token_mask.shape
-            )
-            * token_mask
+            losses.kl_penalty(
+                action_rows(trajectory.logp), action_rows(ref_logp), kind=config.kl_kind
+            ).reshape(loss_mask.shape)
+            * loss_mask
         )
         if config.kl_placement == "reward":
             kl_reward = -state.kl_coef * kl_tokens
@@ -146,31 +148,13 @@ def make_train(
         advantages, value_targets = estimate_advantages(trajectory, rewards, kl_reward, config)
         batch = _Batch(trajectory, advantages, value_targets, ref_logp)
 
-        def epoch(carry, epoch_key):
-            params, opt_state = carry
-            order = jax.random.permutation(epoch_key, batch_size)
-            minibatches = jax.tree.map(
-                lambda x: x[order].reshape(config.num_minibatches, minibatch_size, *x.shape[1:]),
-                batch,
-            )
-            (params, opt_state), stats = jax.lax.scan(
-                minibatch_step, (params, opt_state), minibatches
-            )
-            return (params, opt_state), stats
-
-        def minibatch_step(carry, minibatch):
-            params, opt_state = carry
-            grads, stats = jax.grad(_loss, has_aux=True)(params, minibatch, state.kl_coef)
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            params = optax.apply_updates(params, updates)
-            stats["grad_norm"] = optax.tree_utils.tree_norm(grads)
-            return (params, opt_state), stats
-
-        (params, opt_state), stats = jax.lax.scan(
-            epoch, (state.params, state.opt_state), jax.random.split(shuffle_key, config.num_epochs)
-        )
+        (params, opt_state), stats = _optimise(
+            state.params, state.opt_state, batch, shuffle_key, state.kl_coef,
+            loss=functools.partial(_ppo_loss, score=score, config=config),
+            optimizer=optimizer, config=config,
+        )  # fmt: skip
         stats = jax.tree.map(jnp.mean, stats)
-        kl_now = jnp.sum(kl_tokens) / jnp.maximum(jnp.sum(token_mask), 1)
+        kl_now = jnp.sum(kl_tokens) / jnp.maximum(jnp.sum(loss_mask), 1)
         kl_coef = _adapt_kl_coef(state.kl_coef, kl_now, config)
         metrics = {
             **episode_metrics(trajectory),
@@ -197,46 +181,6 @@ def make_train(
         )
         return new_state, metrics
 
-    def _loss(params, minibatch: _Batch, kl_coef):
-        trajectory = minibatch.trajectory
-        mask = _rows(trajectory.action_mask & trajectory.turn_mask[..., None])
-        logp, values, token_entropy = score(params, trajectory)
-        policy_loss, policy_stats = losses.ppo_policy_loss(
-            _rows(logp),
-            _rows(trajectory.logp),
-            _rows(minibatch.advantages),
-            mask,
-            clip_low=config.clip_low,
-            clip_high=config.clip_high,
-            dual_clip=config.dual_clip,
-            agg=config.agg,
-        )
-        entropy = losses.aggregate(_rows(token_entropy), mask, config.agg)
-        total = policy_loss - config.entropy_coef * entropy
-        stats = {
-            "policy_loss": policy_loss,
-            "entropy": entropy,
-            "clip_fraction": policy_stats.clip_fraction,
-            "approx_kl": policy_stats.approx_kl,
-        }
-        if config.uses_critic:
-            value_loss = losses.value_loss(
-                _rows(values),
-                _rows(trajectory.values),
-                _rows(minibatch.value_targets),
-                mask,
-                clip=config.value_clip,
-                agg=config.agg,
-            )
-            total = total + config.value_coef * value_loss
-            stats["value_loss"] = value_loss
-        if config.kl_placement == "loss":
-            kl = losses.kl_penalty(_rows(logp), _rows(minibatch.ref_logp), kind=config.kl_kind)
-            kl_loss = losses.aggregate(kl, mask, config.agg)
-            total = total + kl_coef * kl_loss
-            stats["kl_loss"] = kl_loss
-        return total, stats
-
     def train(key: jax.Array) -> tuple[RunnerState, Metrics]:
         state = init(key)
         return jax.lax.scan(lambda s, _: update(s), state, None, length=config.num_updates)
@@ -244,123 +188,110 @@ def make_train(
     return Trainer(init=init, update=update, train=train, rollout=rollout, graphdef=graphdef)
 
 
-def estimate_advantages(
-    trajectory: Trajectory,
-    rewards: jax.Array,
-    kl_reward: jax.Array,
+def _sharder(mesh: jax.sharding.Mesh | None, data_axis: str) -> Callable[[Any], Any]:
+    """Lays the leading (episode) axis of every leaf along `data_axis` (identity without mesh)."""
+
+    def shard(tree):
+        if mesh is None:
+            return tree
+        spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(data_axis))
+        return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, spec), tree)
+
+    return shard
+
+
+def _optimise(
+    params: nnx.State,
+    opt_state: Any,
+    batch: _Batch,
+    key: jax.Array,
+    kl_coef: jax.Array,
+    *,
+    loss: Callable[[nnx.State, _Batch, jax.Array], tuple[jax.Array, Metrics]],
+    optimizer: optax.GradientTransformation,
     config: TrainConfig,
-) -> tuple[jax.Array, jax.Array]:
-    """Token advantages and value targets `[B, S, L]` for `config.estimator`.
+) -> tuple[tuple[nnx.State, Any], Metrics]:
+    """`config.num_epochs` passes over shuffled minibatches; per-step stats stacked."""
+    batch_size = config.batch_size
+    minibatch_size = batch_size // config.num_minibatches
 
-    `rewards [B, S]` are per-turn rewards; `kl_reward [B, S, L]` is a per-token reward
-    (the KL penalty when it is placed in the reward, else zeros). Token-level estimators
-    see a turn's reward on the last generated token of the turn (DESIGN.md); turn-level
-    and episode-level estimators add the turn's summed KL reward to the turn.
-    """
-    token_mask = trajectory.action_mask & trajectory.turn_mask[..., None]
-    batch, turns, turn_len = token_mask.shape
-    turn_mask = trajectory.turn_mask
-    last_token = jnp.clip(jnp.sum(trajectory.action_mask, axis=-1) - 1, 0, turn_len - 1)
-    on_last = jax.nn.one_hot(last_token, turn_len, dtype=jnp.float32) * token_mask
-    token_rewards = rewards[..., None] * on_last + kl_reward
-    rewards_per_turn = rewards + jnp.sum(kl_reward, axis=-1)
-    values = trajectory.values
-    zeros = jnp.zeros_like(values)
-    group_ids = jnp.arange(batch, dtype=jnp.int32) // config.group_size
+    def epoch(carry, epoch_key):
+        params, opt_state = carry
+        order = jax.random.permutation(epoch_key, batch_size)
+        minibatches = jax.tree.map(
+            lambda x: x[order].reshape(config.num_minibatches, minibatch_size, *x.shape[1:]),
+            batch,
+        )
+        (params, opt_state), stats = jax.lax.scan(minibatch_step, (params, opt_state), minibatches)
+        return (params, opt_state), stats
 
-    def to_tokens(per_turn):
-        return per_turn[..., None] * token_mask
+    def minibatch_step(carry, minibatch):
+        params, opt_state = carry
+        grads, stats = jax.grad(loss, has_aux=True)(params, minibatch, kl_coef)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        stats["grad_norm"] = optax.tree_utils.tree_norm(grads)
+        return (params, opt_state), stats
 
-    if config.estimator == "gae_token":
-        out = adv_lib.gae(
-            _rows(token_rewards),
-            _rows(values),
-            _rows(token_mask),
-            gamma=config.gamma,
-            lam=config.lam,
-            bootstrap_value=trajectory.bootstrap_value,
-        )
-        advantages = out.advantages.reshape(values.shape)
-        targets = out.returns.reshape(values.shape)
-    elif config.estimator == "gae_turn":
-        turn_values = values[:, :, 0]  # the value before the turn's first token.
-        out = adv_lib.gae(
-            rewards_per_turn,
-            turn_values,
-            turn_mask,
-            gamma=config.gamma,
-            lam=config.lam,
-            bootstrap_value=trajectory.bootstrap_value,
-        )
-        advantages, targets = to_tokens(out.advantages), to_tokens(out.returns)
-    elif config.estimator == "hierarchical":
-        out = adv_lib.hierarchical_advantages(
-            rewards_per_turn,
-            values[:, :, 0],
-            turn_mask,
-            _turn_ids(token_mask),
-            gamma=config.gamma,
-            lam=config.lam,
-            token_values=_rows(values),
-            bootstrap_value=trajectory.bootstrap_value,
-        )
-        advantages = out.token_advantages.reshape(values.shape)
-        targets = to_tokens(out.turn_returns)
-    elif config.estimator in ("grpo", "drgrpo", "rloo"):
-        scores = jnp.sum(rewards_per_turn, axis=1)
-        if config.estimator == "rloo":
-            episode_adv = adv_lib.rloo_advantages(scores, group_ids, num_groups=config.num_groups)
-        else:
-            scale = "std" if config.estimator == "grpo" else "none"
-            episode_adv = adv_lib.grpo_advantages(
-                scores, group_ids, num_groups=config.num_groups, scale=scale
-            )
-        advantages, targets = episode_adv[:, None, None] * token_mask, zeros
-    elif config.estimator == "reinforce_pp":
-        out = adv_lib.reinforce_pp_returns(
-            _rows(token_rewards), _rows(token_mask), gamma=config.gamma
-        )
-        advantages, targets = out.advantages.reshape(values.shape), zeros
-    elif config.estimator == "gigpo":
-        step_returns = returns_lib.discounted_returns(
-            rewards_per_turn, turn_mask, gamma=config.gamma
-        )
-        out = adv_lib.gigpo_advantages(
-            jnp.sum(rewards_per_turn, axis=1),
-            step_returns,
-            anchor_ids(trajectory),
-            turn_mask,
-            group_ids,
-            num_groups=config.num_groups,
-            omega=config.gigpo_omega,
-        )
-        advantages, targets = to_tokens(out.advantages), zeros
-    else:
-        raise ValueError(f"Unknown estimator {config.estimator!r}.")
-    if config.normalize_advantages and config.uses_critic:
-        advantages = adv_lib.whiten(_rows(advantages), _rows(token_mask)).reshape(values.shape)
-    return jax.lax.stop_gradient(advantages), jax.lax.stop_gradient(targets)
+    return jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, config.num_epochs))
 
 
-def anchor_ids(trajectory: Trajectory) -> jax.Array:
-    """`[B, S]` int32 ids equal for turns that start from identical observations.
-
-    The anchor state of turn s is what the environment showed: the observation tokens and
-    the task-progress markers. The id is a polynomial hash (wrapping int32 arithmetic);
-    GiGPO only compares anchors within a group of episodes that share a task.
-    """
-    features = jnp.concatenate([trajectory.obs_tokens, trajectory.progress], axis=-1)
-    features = features.astype(jnp.uint32)
-    powers = jnp.uint32(1000003) ** jnp.arange(features.shape[-1], dtype=jnp.uint32)
-    digest = jnp.sum(features * powers, axis=-1, dtype=jnp.uint32)
-    return (digest >> 1).astype(jnp.int32)
+def _ppo_loss(
+    params: nnx.State,
+    minibatch: _Batch,
+    kl_coef: jax.Array,
+    *,
+    score: Callable[[nnx.State, Trajectory], tuple[jax.Array, jax.Array, jax.Array]],
+    config: TrainConfig,
+) -> tuple[jax.Array, Metrics]:
+    """Clipped policy loss - entropy bonus (+ value loss, + KL loss) of one minibatch."""
+    trajectory = minibatch.trajectory
+    mask = action_rows(trajectory.loss_mask)
+    logp, values, token_entropy = score(params, trajectory)
+    policy_loss, policy_stats = losses.ppo_policy_loss(
+        action_rows(logp),
+        action_rows(trajectory.logp),
+        action_rows(minibatch.advantages),
+        mask,
+        clip_low=config.clip_low,
+        clip_high=config.clip_high,
+        dual_clip=config.dual_clip,
+        agg=config.agg,
+    )
+    entropy = losses.aggregate(action_rows(token_entropy), mask, config.agg)
+    total = policy_loss - config.entropy_coef * entropy
+    stats = {
+        "policy_loss": policy_loss,
+        "entropy": entropy,
+        "clip_fraction": policy_stats.clip_fraction,
+        "approx_kl": policy_stats.approx_kl,
+    }
+    if config.uses_critic:
+        value_loss = losses.value_loss(
+            action_rows(values),
+            action_rows(trajectory.values),
+            action_rows(minibatch.value_targets),
+            mask,
+            clip=config.value_clip,
+            agg=config.agg,
+        )
+        total = total + config.value_coef * value_loss
+        stats["value_loss"] = value_loss
+    if config.kl_placement == "loss":
+        kl = losses.kl_penalty(
+            action_rows(logp), action_rows(minibatch.ref_logp), kind=config.kl_kind
+        )
+        kl_loss = losses.aggregate(kl, mask, config.agg)
+        total = total + kl_coef * kl_loss
+        stats["kl_loss"] = kl_loss
+    return total, stats
 
 
 def episode_metrics(trajectory: Trajectory) -> Metrics:
     """Per-iteration means over the batch of episodes, all float32 scalars."""
     valid = trajectory.turn_mask.astype(jnp.float32)
     turns = jnp.sum(valid, axis=1)
-    tokens = jnp.sum(trajectory.action_mask & trajectory.turn_mask[..., None], axis=(1, 2))
+    tokens = jnp.sum(trajectory.loss_mask, axis=(1, 2))
     violations = jnp.sum(trajectory.violations * valid, axis=1)
     return {
         "success": jnp.mean(jnp.sum(trajectory.outcome * valid, axis=1) > 0),
@@ -400,14 +331,3 @@ def _adapt_kl_coef(kl_coef: jax.Array, kl: jax.Array, config: TrainConfig) -> ja
         return kl_coef
     error = jnp.clip(kl / config.kl_target - 1.0, -0.2, 0.2)
     return kl_coef * (1.0 + error * config.batch_size / config.kl_horizon)
-
-
-def _rows(x: jax.Array) -> jax.Array:
-    """`[B, S, L]` -> `[B, S * L]`: kernels take rows, an episode is one row."""
-    return x.reshape(x.shape[0], -1)
-
-
-def _turn_ids(token_mask: jax.Array) -> jax.Array:
-    batch, turns, turn_len = token_mask.shape
-    ids = jnp.broadcast_to(jnp.arange(turns, dtype=jnp.int32)[None, :, None], token_mask.shape)
-    return jnp.where(token_mask, ids, -1).reshape(batch, turns * turn_len)
