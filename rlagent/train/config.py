@@ -67,6 +67,12 @@ class TrainConfig:
     warmup_updates: int = 0
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
+    # Credit accuracy in training (rlagent.credit.probe): every k updates (0 = off), the
+    # configured estimator's credit on the first `credit_episodes` episodes of the batch
+    # against Monte-Carlo advantages from `credit_samples` policy continuations per value.
+    credit_every: int = 0
+    credit_episodes: int = 8
+    credit_samples: int = 8
 
     def __post_init__(self):
         _check_choice("reward", self.reward, REWARDS)
@@ -91,6 +97,15 @@ class TrainConfig:
             raise ValueError("reward_weights must be (outcome, process, efficiency).")
         if self.kl_target is not None and self.kl_placement == "none":
             raise ValueError("kl_target (adaptive KL) needs kl_placement 'reward' or 'loss'.")
+        if self.credit_every < 0:
+            raise ValueError(f"TrainConfig.credit_every must be >= 0, got {self.credit_every}.")
+        if self.credit_every and not 1 <= self.credit_episodes <= self.batch_size:
+            raise ValueError(
+                f"TrainConfig.credit_episodes must be in [1, batch_size={self.batch_size}], "
+                f"got {self.credit_episodes}."
+            )
+        if self.credit_every and self.credit_samples < 2:
+            raise ValueError(f"TrainConfig.credit_samples must be >= 2, got {self.credit_samples}.")
         if self.learning_rate <= 0 or self.clip_low <= 0 or self.clip_high <= 0:
             raise ValueError("learning_rate, clip_low and clip_high must be positive.")
 

@@ -89,6 +89,12 @@ def make_train(
     graphdef, _ = nnx.split(abstract)
     rollout = make_rollout(env, graphdef, rollout_config)
     score = make_score(env, graphdef, rollout_config)
+    probe = None
+    if config.credit_every:
+        # Imported here: rlagent.credit builds on this module's estimators.
+        from rlagent.credit.probe import make_credit_probe
+
+        probe = make_credit_probe(env, graphdef, rollout_config, config)
     optimizer = _make_optimizer(config)
     batch_size = config.batch_size
     needs_ref = config.kl_placement != "none"
@@ -117,7 +123,10 @@ def make_train(
         # Episodes of a group share the environment key, hence the task.
         env_keys = jnp.repeat(jax.random.split(env_key, config.num_groups), config.group_size, 0)
         policy_keys = jax.random.split(policy_key, batch_size)
-        trajectory = rollout(state.params, shard(env_keys), shard(policy_keys))
+        if probe is None:
+            trajectory = rollout(state.params, shard(env_keys), shard(policy_keys))
+        else:
+            trajectory, carries = probe.rollout(state.params, shard(env_keys), shard(policy_keys))
         trajectory = shard(jax.lax.stop_gradient(trajectory))
         if not config.bootstrap_truncated:
             trajectory = trajectory._replace(
@@ -157,6 +166,19 @@ def make_train(
             "kl_coef": state.kl_coef,
             "train_return": jnp.mean(jnp.sum(rewards, axis=1)),
         }
+        if probe is not None:
+            probe_key = jax.random.fold_in(shuffle_key, 0xC4ED)  # the run's keys stay as they are
+            metrics.update(
+                probe.measure(
+                    state.params,
+                    carries,
+                    trajectory,
+                    advantages,
+                    state.reward_weights,
+                    probe_key,
+                    state.step,
+                )
+            )
         new_state = state._replace(
             params=params, opt_state=opt_state, kl_coef=kl_coef, key=key, step=state.step + 1
         )

@@ -1,0 +1,398 @@
+"""The credit-accuracy study: every estimator's credit against Monte-Carlo advantages.
+
+For each policy x horizon x seed, B episodes (groups of `group_size` share a task) are
+played, every played turn gets its MC advantage under each reward form
+(`rlagent.credit.mc`), and each estimator's per-turn credit on the same batch is scored
+(`rlagent.credit.accuracy`). One row per policy x horizon x estimator x reward x seed.
+
+Policies of several skill levels: `random` (uniform over the grammar), `prover_<eps>`
+(per turn, the oracle with probability eps, else random), both acting on the environment
+state, and `ppo_<k>`, the tiny policy LM of the main experiment after k updates of a
+short PPO run on the horizon's task (`ppo_0`: untrained). The MC target is the advantage
+of the behaviour policy itself (continuations by the same policy; the LM resumes from the
+rollout's carries).
+
+Critic: critic-based estimators (GAE, hierarchical) read a value per token. Every one of
+them gets the same *unbiased noisy critic*: V^(s) = the mean return of `critic_samples`
+continuations from the start of turn s (independent of the MC target's), put on every
+token of the turn, for every policy (the LM's own value head, trained on one reward form,
+is not used). So differences between estimators come from how they assign credit, not
+from how well a critic happened to train; a learned critic adds its bias on top.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from rlagent.credit import accuracy
+from rlagent.credit import lm
+from rlagent.credit import mc
+from rlagent.envs import ToolWorld
+from rlagent.envs import dsl
+from rlagent.envs import horizon_config
+from rlagent.models import Policy
+from rlagent.models import PolicyConfig
+from rlagent.rollout import RolloutConfig
+from rlagent.rollout import make_rollout
+from rlagent.train import make_train
+from rlagent.train import report
+from rlagent.train.config import TrainConfig
+from rlagent.train.rewards import reward_weights
+from rlagent.train.rewards import turn_rewards
+from rlagent.train.writers import MetricWriter
+from rlagent.types import Trajectory
+
+METRICS = tuple(accuracy.CreditAccuracy._fields)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+    """Runs the study; writes credit.csv, credit_vs_horizon.png, summary.md, summary.json."""
+    os.makedirs(workdir, exist_ok=True)
+    base = TrainConfig.from_mapping(
+        {**config.train, "num_groups": config.num_groups, "group_size": config.group_size}
+    )
+    estimators = {spec: _estimator_config(base, spec) for spec in _names(config.estimators)}
+    rewards = _names(config.rewards)
+    weights = jnp.stack([reward_weights(base, r) for r in rewards])
+    rows = []
+    start = time.time()
+    for horizon in [int(h) for h in _names(config.horizons)]:
+        env = ToolWorld(horizon_config(horizon))
+        for policy_name in _names(config.policies):
+            measure = make_measure(env, policy_name, base, config)
+            for seed in range(config.first_seed, config.first_seed + config.seeds):
+                batch = measure(jax.random.key(seed), weights)
+                for (spec, est_config), (r, reward) in _product(estimators.items(), rewards):
+                    acc = _score(est_config, batch, r, weights[r])
+                    rows.append(
+                        dict(
+                            policy=policy_name,
+                            horizon=horizon,
+                            estimator=spec,
+                            reward=reward,
+                            seed=seed,
+                            **{k: float(v) for k, v in acc._asdict().items()},
+                            success=float(batch.success),
+                            turns=float(batch.turns),
+                        )
+                    )
+            print(f"horizon {horizon} {policy_name}: {time.time() - start:.0f}s", flush=True)
+    writer = MetricWriter(workdir, tensorboard=False, filename="credit.csv")
+    writer.clear()
+    writer.write(rows)
+    plot(rows, os.path.join(workdir, "credit_vs_horizon.png"))
+    summary = summarize(rows)
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    table = markdown(summary)
+    with open(os.path.join(workdir, "summary.md"), "w") as f:
+        f.write(table)
+    print(table)
+    return summary
+
+
+class _Batch:
+    """What the estimators and the scores need from one measured batch (device arrays)."""
+
+    def __init__(self, trajectory, values, mc_values, success):
+        self.trajectory = trajectory  # the behaviour episodes (their values are replaced).
+        self.values = values  # [R, B, S] noisy critic per reward form.
+        self.mc = mc_values  # MCValues with [R, B, S] fields.
+        self.success = success  # [] success rate of the behaviour episodes.
+        self.turns = jnp.mean(jnp.sum(trajectory.turn_mask, axis=1))
+
+
+def make_measure(env: ToolWorld, name: str, base: TrainConfig, config) -> Callable:
+    """`measure(key, weights [R, C]) -> _Batch` for the policy called `name`.
+
+    `random` and `prover_<eps>` act on the environment state; `ppo_<k>` is the policy LM
+    after k updates of a short PPO run on this horizon (`config.ppo`, seed
+    `config.first_seed`), continued by itself from the rollout's carries.
+    """
+    if name.startswith("ppo_"):
+        setup = _lm_setup(config)
+        params = _checkpoint(env, setup, config, int(name.removeprefix("ppo_")))
+        measure = _lm_measure(env, setup, base, _Sampling.of(config))
+        return lambda key, weights: measure(params, key, weights)
+    if name == "random":
+        policy = mc.uniform_random(env)
+    elif name.startswith("prover_"):
+        epsilon = float(name.removeprefix("prover_"))
+        policy = mc.mixture(mc.uniform_random(env), mc.oracle(env), epsilon)
+    else:
+        raise ValueError(f"Unknown policy {name!r}: 'random', 'prover_<eps>' or 'ppo_<updates>'.")
+    play = mc.play_env_policy(env, policy)
+
+    def env_episodes(params, env_keys, policy_keys):
+        del params
+        played = mc.rollout_env_policy(env, policy, env_keys, policy_keys)
+        return env_trajectory(played), played.states, play
+
+    measure = _measure_fn(env_episodes, base, _Sampling.of(config))
+    return lambda key, weights: measure(None, key, weights)
+
+
+@functools.cache
+def _lm_measure(env: ToolWorld, setup: _LMSetup, base: TrainConfig, sampling) -> Callable:
+    """One compiled measurement per environment, shared by every LM checkpoint."""
+    rollout = make_rollout(env, setup.graphdef, setup.rollout_config, with_carries=True)
+
+    def episodes(params, env_keys, policy_keys):
+        trajectory, carries = rollout(params, env_keys, policy_keys)
+        play = lm.play_policy(env, setup.graphdef, setup.rollout_config, params)
+        # Scoring reads no sampling mask: drop it so LM and environment-level batches
+        # share the estimators' compiled programs.
+        trajectory = trajectory._replace(sampling_mask=None)
+        return trajectory, lm.forks_from_carries(carries), play
+
+    return _measure_fn(episodes, base, sampling)
+
+
+class _Sampling(NamedTuple):
+    num_samples: int
+    critic_samples: int
+    chunk_size: int
+
+    @classmethod
+    def of(cls, config) -> _Sampling:
+        return cls(config.num_samples, config.critic_samples, config.chunk_size)
+
+
+def _measure_fn(episodes: Callable, base: TrainConfig, sampling: _Sampling) -> Callable:
+    """Jitted `measure(params, key, weights) -> _Batch` around `episodes(params, env_keys,
+    policy_keys) -> (trajectory, forks, play)`."""
+
+    @jax.jit
+    def measure(params, key, weights):
+        env_key, policy_key, mc_key, critic_key = jax.random.split(key, 4)
+        env_keys = jnp.repeat(jax.random.split(env_key, base.num_groups), base.group_size, 0)
+        policy_keys = jax.random.split(policy_key, base.batch_size)
+        trajectory, forks, play = episodes(params, env_keys, policy_keys)
+        estimate = functools.partial(
+            mc.mc_values,
+            play,
+            forks,
+            mc.trajectory_signals(trajectory),
+            reward_weights=weights,
+            config=base,
+            chunk_size=sampling.chunk_size,
+        )
+        target = estimate(mc_key, num_samples=sampling.num_samples)
+        critic = estimate(critic_key, num_samples=sampling.critic_samples)
+        success = jnp.mean(jnp.sum(trajectory.outcome, axis=1) > 0)
+        return trajectory, critic.value, target, success
+
+    return lambda params, key, weights: _Batch(*measure(params, key, weights))
+
+
+class _LMSetup(NamedTuple):
+    policy_config: PolicyConfig
+    rollout_config: RolloutConfig
+    graphdef: Any
+
+
+@functools.cache
+def _lm_setup_cached(model: tuple, rollout: tuple) -> _LMSetup:
+    policy_config = PolicyConfig(**{"vocab_size": dsl.VOCAB_SIZE, **dict(model)})
+    rollout_config = RolloutConfig(**dict(rollout))
+    abstract = nnx.eval_shape(lambda: Policy(policy_config, rngs=nnx.Rngs(0)))
+    return _LMSetup(policy_config, rollout_config, nnx.split(abstract)[0])
+
+
+def _lm_setup(config) -> _LMSetup:
+    """Policy and rollout configs of the LM policies (one graph for every horizon)."""
+    return _lm_setup_cached(
+        tuple(sorted(config.model.items())), tuple(sorted(config.rollout.items()))
+    )
+
+
+def _checkpoint(env: ToolWorld, setup: _LMSetup, config, num_updates: int):
+    """Parameters after `num_updates` PPO updates on `env` (0: the initial policy)."""
+    train_config = TrainConfig.from_mapping({**config.ppo, "num_updates": max(num_updates, 1)})
+    trainer = make_train(train_config, env, setup.policy_config, setup.rollout_config)
+    state = trainer.init(jax.random.key(config.first_seed))
+    if num_updates:
+        state, _ = jax.jit(trainer.train)(jax.random.key(config.first_seed))
+    return state.params
+
+
+def env_trajectory(episodes: mc.EnvEpisodes, values: jax.Array | None = None) -> Trajectory:
+    """The `Trajectory` of environment-level episodes (for the trainer's estimators).
+
+    Args:
+      episodes: from `rollout_env_policy`.
+      values: optional `[B, S]` per-turn critic, put on every generated token of the turn.
+    """
+    actions = episodes.actions
+    signals = episodes.signals
+    is_end = actions == dsl.END
+    action_mask = (jnp.cumsum(is_end, axis=-1) - is_end) == 0  # tokens up to END
+    played = action_mask & signals.turn_mask[..., None]
+    turn_values = jnp.zeros(signals.turn_mask.shape) if values is None else values
+    states = episodes.states
+    last = signals.turn_mask & ~jnp.pad(signals.turn_mask[:, 1:], ((0, 0), (0, 1)))
+    return Trajectory(
+        obs_tokens=states.obs,
+        progress=states.progress,
+        action_tokens=actions,
+        action_mask=action_mask,
+        logp=jnp.zeros(actions.shape, jnp.float32),
+        values=jnp.where(played, turn_values[..., None], 0.0).astype(jnp.float32),
+        turn_mask=signals.turn_mask,
+        outcome=signals.outcome,
+        verdict=signals.verdict,
+        efficiency=signals.efficiency,
+        violations=signals.violations,
+        # Time-outs end the return as terminations do (training's bootstrap_truncated=False).
+        done=last,
+        bootstrap_value=jnp.zeros(actions.shape[:1], jnp.float32),
+    )
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _score_jit(est_config, trajectory, values, rewards, advantage, advantage_se):
+    turn_mask = trajectory.turn_mask
+    played = trajectory.action_mask & turn_mask[..., None]
+    trajectory = trajectory._replace(values=jnp.where(played, values[..., None], 0.0))
+    credit = accuracy.estimator_credit(trajectory, rewards, est_config)
+    return accuracy.credit_accuracy(credit, advantage, advantage_se, turn_mask, trajectory.verdict)
+
+
+def _score(est_config: TrainConfig, batch: _Batch, r: int, weights) -> accuracy.CreditAccuracy:
+    rewards = turn_rewards(batch.trajectory, est_config, weights)
+    return _score_jit(
+        est_config,
+        batch.trajectory,
+        batch.values[r],
+        rewards,
+        batch.mc.advantage[r],
+        batch.mc.advantage_se[r],
+    )
+
+
+def _estimator_config(base: TrainConfig, spec: str) -> TrainConfig:
+    """`name` or `name@lam` (e.g. `gae_token@0.9`) -> the TrainConfig of that estimator."""
+    name, _, lam = spec.partition("@")
+    fields = {"estimator": name}
+    if lam:
+        fields["lam"] = float(lam)
+    return TrainConfig.from_mapping({**_fields(base), **fields})
+
+
+def _fields(config: TrainConfig) -> dict[str, Any]:
+    return {f: getattr(config, f) for f in config.__dataclass_fields__}
+
+
+# Reports --------------------------------------------------------------------------------
+
+
+def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Mean and 95% CI over seeds of every metric, keyed reward / policy / estimator / horizon."""
+    cells = defaultdict(list)
+    for row in rows:
+        cells[(row["reward"], row["policy"], row["estimator"], row["horizon"])].append(row)
+    summary: dict[str, Any] = {}
+    for (reward, policy, estimator, horizon), cell in cells.items():
+        entry = {}
+        for metric in METRICS + ("success", "turns"):
+            values = [r[metric] for r in cell if not math.isnan(r[metric])]
+            entry[metric] = report.mean_ci(values) if values else None
+        node = summary.setdefault(reward, {}).setdefault(policy, {}).setdefault(estimator, {})
+        node[str(horizon)] = entry
+    return summary
+
+
+def markdown(summary: Mapping[str, Any], metric: str = "spearman") -> str:
+    """One table per reward form and policy: estimators x horizons, mean ± 95% CI."""
+    lines = [f"# Credit accuracy ({metric} with the Monte-Carlo advantage, mean ± 95% CI)\n"]
+    for reward, policies in summary.items():
+        for policy, estimators in policies.items():
+            horizons = list(next(iter(estimators.values())))
+            first = next(iter(estimators.values()))
+            lines.append(f"\n## reward {reward}, policy {policy}\n")
+            header = ["estimator"] + [f"h={h}" for h in horizons]
+            lines.append("| " + " | ".join(header) + " |")
+            lines.append("|" + "---|" * len(header))
+            for estimator, by_horizon in estimators.items():
+                cells = [estimator] + [_pm(by_horizon[h][metric]) for h in horizons]
+                lines.append("| " + " | ".join(cells) + " |")
+            context = ["behaviour success"] + [_pm(first[h]["success"]) for h in horizons]
+            lines.append("| " + " | ".join(context) + " |")
+            turns = ["turns / episode"] + [_pm(first[h]["turns"]) for h in horizons]
+            lines.append("| " + " | ".join(turns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: Sequence[Mapping[str, Any]], path: str, metric: str = "spearman") -> None:
+    """Accuracy vs horizon, one line per estimator (95% CI over seeds): reward x policy grid."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = summarize(rows)
+    rewards = list(summary)
+    policies = list(next(iter(summary.values())))
+    fig, axes = plt.subplots(
+        len(rewards),
+        len(policies),
+        figsize=(3.6 * len(policies), 3.0 * len(rewards)),
+        squeeze=False,
+        sharex=True,
+        sharey=True,
+    )
+    for i, reward in enumerate(rewards):
+        for j, policy in enumerate(policies):
+            ax = axes[i, j]
+            for estimator, by_horizon in summary[reward][policy].items():
+                points = [(int(h), e[metric]) for h, e in by_horizon.items() if e[metric]]
+                points.sort()
+                if not points:
+                    continue
+                x = [h for h, _ in points]
+                mean = np.array([s["mean"] for _, s in points])
+                ci = np.array([s["ci95"] for _, s in points])
+                (line,) = ax.plot(x, mean, marker="o", markersize=3, label=estimator)
+                ax.fill_between(x, mean - ci, mean + ci, alpha=0.15, color=line.get_color())
+            ax.set_title(f"{reward} / {policy}", fontsize=9)
+            ax.grid(alpha=0.3)
+            if i == len(rewards) - 1:
+                ax.set_xlabel("horizon (shortest plan, turns)")
+            if j == 0:
+                ax.set_ylabel(metric)
+    axes[0, -1].legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _pm(stats) -> str:
+    return "n/a" if stats is None else f"{stats['mean']:.2f} ± {stats['ci95']:.2f}"
+
+
+def _names(text) -> list[str]:
+    names = [n.strip() for n in str(text).split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"expected a comma-separated list of names, got {text!r}")
+    return names
+
+
+def _product(first, second):
+    second = list(enumerate(second))
+    return [(a, b) for a in first for b in second]

@@ -1,0 +1,126 @@
+"""LM continuations from rollout carries (rlagent.credit.lm) and the in-training probe."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rlagent.credit import lm
+from rlagent.credit import mc
+from rlagent.envs import ToolWorld
+from rlagent.envs import dsl
+from rlagent.envs import level_config
+from rlagent.models import Policy
+from rlagent.models import PolicyConfig
+from rlagent.rollout import RolloutConfig
+from rlagent.rollout import make_rollout
+from rlagent.train import make_train
+from rlagent.train.config import TrainConfig
+from rlagent.train.rewards import reward_weights
+
+B = 3
+POLICY = PolicyConfig(
+    vocab_size=dsl.VOCAB_SIZE,
+    d_model=16,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    mlp_dim=32,
+    summary_dim=16,
+    num_summary_slots=1,
+)
+CONFIG = TrainConfig()
+WEIGHTS = jnp.stack([reward_weights(CONFIG, form) for form in ("outcome", "process")])
+
+
+@pytest.fixture(scope="module")
+def env():
+    return ToolWorld(level_config(2))
+
+
+@functools.cache
+def _greedy_batch(env, window):
+    """Greedy rollout with carries and a jitted MC estimator of its LM continuations."""
+    graphdef, params = nnx.split(Policy(POLICY, rngs=nnx.Rngs(0)))
+    config = RolloutConfig(window=window, temperature=0.0, constrained=True)
+    keys = jax.random.split(jax.random.key(0), 2 * B)
+    traj, carries = jax.jit(make_rollout(env, graphdef, config, with_carries=True))(
+        params, keys[:B], keys[B:]
+    )
+
+    @jax.jit
+    def estimate(epsilon, key):
+        play = lm.play_policy(env, graphdef, config, params, oracle_epsilon=epsilon)
+        forks = lm.forks_from_carries(carries)
+        return mc.mc_values(
+            play,
+            forks,
+            mc.trajectory_signals(traj),
+            key,
+            num_samples=2,
+            reward_weights=WEIGHTS,
+            config=CONFIG,
+            chunk_size=64,
+        )
+
+    return traj, carries, estimate
+
+
+@pytest.mark.parametrize("window", [1, None])
+def test_greedy_continuations_replay_the_episode(env, window):
+    """Forks resume the policy's memory exactly: a greedy policy replays its own episode."""
+    traj, _, estimate = _greedy_batch(env, window)
+    out = estimate(0.0, jax.random.key(1))
+    mask = np.asarray(traj.turn_mask)
+    for f, reward in enumerate(("outcome", "verdict")):
+        rewards = np.asarray(getattr(traj, reward)) * mask
+        to_go = np.flip(np.cumsum(np.flip(rewards, 1), 1), 1) * mask
+        np.testing.assert_allclose(np.asarray(out.value[f]), to_go, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(out.q_value[f]), to_go, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(out.value_se), 0.0)
+
+
+def test_prover_with_epsilon_one_is_the_oracle(env):
+    traj, carries, estimate = _greedy_batch(env, 1)
+    out = estimate(1.0, jax.random.key(1))
+    oracle = mc.mc_values(
+        mc.play_env_policy(env, mc.oracle(env)),
+        lm.forks_from_carries(carries).env_state,
+        mc.trajectory_signals(traj),
+        jax.random.key(2),
+        num_samples=2,
+        reward_weights=WEIGHTS,
+        config=CONFIG,
+    )
+    np.testing.assert_allclose(np.asarray(out.value), np.asarray(oracle.value))
+    np.testing.assert_allclose(np.asarray(out.q_value), np.asarray(oracle.q_value))
+
+
+def test_training_logs_credit_accuracy_every_k_updates(env):
+    config = TrainConfig(
+        num_updates=2,
+        num_groups=2,
+        group_size=2,
+        num_epochs=1,
+        num_minibatches=1,
+        credit_every=2,
+        credit_episodes=2,
+        credit_samples=2,
+    )
+    trainer = make_train(config, env, POLICY, RolloutConfig(window=1, constrained=True))
+    _, metrics = jax.jit(trainer.train)(jax.random.key(0))
+    turns = np.asarray(metrics["credit_num_turns"])
+    assert turns[0] > 0 and np.isnan(turns[1])  # measured on update 0, not on update 1
+    assert np.isfinite(np.asarray(metrics["credit_relative_variance"])[0])
+
+
+def test_probe_options_are_validated():
+    with pytest.raises(ValueError, match="credit_episodes"):
+        TrainConfig(num_groups=2, group_size=2, credit_every=1, credit_episodes=5)
+    with pytest.raises(ValueError, match="credit_every"):
+        TrainConfig(credit_every=-1)
