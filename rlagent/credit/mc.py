@@ -106,14 +106,14 @@ def trajectory_signals(trajectory: Trajectory) -> TurnSignals:
 
 
 def timestep_signals(timestep: TimeStep, played: jax.Array) -> TurnSignals:
-    """Signals of one environment step, zero where not `played` (the one reader of extras)."""
-    extras = timestep.extras
+    """Signals of one environment step, zero where not `played`."""
+    signals = timestep.signals
     return TurnSignals(
         turn_mask=played,
-        outcome=jnp.where(played, extras["outcome"].astype(jnp.float32), 0.0),
-        verdict=jnp.where(played, extras["verdict"].astype(jnp.float32), 0.0),
-        efficiency=jnp.where(played, extras["efficiency"].astype(jnp.float32), 0.0),
-        violations=jnp.where(played, extras["violations"].astype(jnp.int32), 0),
+        outcome=jnp.where(played, signals.outcome.astype(jnp.float32), 0.0),
+        verdict=jnp.where(played, signals.verdict.astype(jnp.float32), 0.0),
+        efficiency=jnp.where(played, signals.efficiency.astype(jnp.float32), 0.0),
+        violations=jnp.where(played, signals.violations.astype(jnp.int32), 0),
     )
 
 
@@ -125,9 +125,12 @@ def oracle(env: ToolWorld) -> EnvPolicy:
     return lambda state, episode_key, turn_key: oracle_policy(env, state)
 
 
-def uniform_random(env: ToolWorld, rules: bool = False) -> EnvPolicy:
-    """A grammatical turn sampled token by token, uniformly over the allowed tokens."""
-    return lambda state, episode_key, turn_key: random_policy(env, state, turn_key, rules)
+def uniform_random(env: ToolWorld) -> EnvPolicy:
+    """A grammatical turn sampled token by token, uniformly over the allowed tokens.
+
+    With the env's guardrail in mask mode, the allowed tokens keep the rules too.
+    """
+    return lambda state, episode_key, turn_key: random_policy(env, state, turn_key)
 
 
 def mixture(policy: EnvPolicy, prover: EnvPolicy, epsilon: float, per: str = "turn") -> EnvPolicy:
