@@ -109,7 +109,7 @@ def test_loss_hyperparameters_out_of_range():
         advantages.grpo_advantages(SCORES, jnp.array([0, 0, 1, 1]), num_groups=2, eps=-1.0)
 
 
-@pytest.mark.parametrize("mode", losses.AGGREGATIONS)
+@pytest.mark.parametrize("mode", losses.AGG_MODES)
 def test_aggregate_of_an_empty_batch_is_zero(mode):
     empty = jnp.zeros((0, 4))
     assert float(losses.aggregate(empty, empty.astype(bool), mode)) == 0.0
