@@ -131,7 +131,7 @@ def test_random_values_match_exhaustive_enumeration(env, episodes):
             state = ref.load(jax.tree.map(lambda x, b=b, s=s: x[b, s], ep.states))
             exact_v = _exact_value(ref, state, turns)
             after, timestep = ref.step(copy.deepcopy(state), np.asarray(ep.actions[b, s]))
-            rewards = np.array([timestep.extras["outcome"], timestep.extras["verdict"]])
+            rewards = np.array([timestep.signals.outcome, timestep.signals.verdict])
             exact_q = rewards + _exact_value(ref, after, turns)
             for f in range(len(FORMS)):
                 for estimate, se, exact in (
@@ -203,8 +203,8 @@ def _oracle_returns(ref, state):
     outcome = process = 0.0
     while not (state.terminated or state.truncated):
         state, timestep = ref.step(state, ref.oracle(state))
-        outcome += timestep.extras["outcome"]
-        process += timestep.extras["verdict"]
+        outcome += timestep.signals.outcome
+        process += timestep.signals.verdict
     return outcome, process
 
 
@@ -243,7 +243,7 @@ def _exact_value(ref, state, turns, memo=None):
         total = np.zeros(2)
         for action, prob in turns:
             after, timestep = ref.step(copy.deepcopy(state), action)
-            reward = np.array([timestep.extras["outcome"], timestep.extras["verdict"]])
+            reward = np.array([timestep.signals.outcome, timestep.signals.verdict])
             total += prob * (reward + _exact_value(ref, after, turns, memo))
         memo[key] = total
     return memo[key]
