@@ -21,6 +21,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+# pytest imports tests/ modules by their bare names: importing `test_train` (not
+# `tests.test_train`) gives the very objects of its tests, hence the same cached trainer.
+from test_train import ENV
+from test_train import POLICY
+from test_train import ROLLOUT
+
 from experiments.configs import sparse_vs_dense as default_config
 from rlagent.envs import ToolWorldConfig
 from rlagent.models import PolicyConfig
@@ -32,9 +38,6 @@ from rlagent.train import provenance
 from rlagent.train import report
 from rlagent.train.ppo import NONFINITE_METRICS
 from rlagent.train.writers import MetricWriter
-from tests.test_train import ENV
-from tests.test_train import POLICY
-from tests.test_train import ROLLOUT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = TrainConfig(num_updates=2, num_groups=2, group_size=2, num_minibatches=1,
@@ -273,10 +276,10 @@ FAULT_SCRIPT = textwrap.dedent(
     jax.config.update("jax_compilation_cache_dir", sys.argv[3])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-    sys.path.insert(0, {root!r})
+    sys.path[:0] = [{root!r}, {root!r} + "/tests"]
     from orbax.checkpoint._src.path import atomicity
     from rlagent.train import loop, writers
-    from tests.test_reliability import _run
+    from test_reliability import _run
 
     mode, workdir = sys.argv[1], sys.argv[2]
     kill = lambda: os.kill(os.getpid(), signal.SIGKILL)

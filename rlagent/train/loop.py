@@ -242,7 +242,9 @@ def _restore(manager: ocp.CheckpointManager, state: RunnerState) -> tuple[int, R
             manager.reload()
             continue
         logging.warning("Resuming %s from checkpoint step %d.", manager.directory, step)
-        return int(step), restored
+        # Restored arrays are committed to a device, fresh ones are not; as a jit cache key
+        # that difference would recompile the chunk (a full compile on every resume).
+        return int(step), jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), restored)
     logging.warning(
         "--resume: no readable checkpoint in %s; starting from scratch.", manager.directory
     )
