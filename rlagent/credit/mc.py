@@ -125,9 +125,9 @@ def oracle(env: ToolWorld) -> EnvPolicy:
     return lambda state, episode_key, turn_key: oracle_policy(env, state)
 
 
-def uniform_random(env: ToolWorld, rules: bool = False) -> EnvPolicy:
+def uniform_random(env: ToolWorld) -> EnvPolicy:
     """A grammatical turn sampled token by token, uniformly over the allowed tokens."""
-    return lambda state, episode_key, turn_key: random_policy(env, state, turn_key, rules)
+    return lambda state, episode_key, turn_key: random_policy(env, state, turn_key)
 
 
 def mixture(policy: EnvPolicy, prover: EnvPolicy, epsilon: float, per: str = "turn") -> EnvPolicy:

@@ -268,7 +268,7 @@ def env_trajectory(episodes: mc.EnvEpisodes, values: jax.Array | None = None) ->
 @functools.partial(jax.jit, static_argnums=0)
 def _score_jit(est_config, trajectory, values, rewards, advantage, advantage_se):
     turn_mask = trajectory.turn_mask
-    played = trajectory.action_mask & turn_mask[..., None]
+    played = trajectory.loss_mask
     trajectory = trajectory._replace(values=jnp.where(played, values[..., None], 0.0))
     credit = accuracy.estimator_credit(trajectory, rewards, est_config)
     return accuracy.credit_accuracy(credit, advantage, advantage_se, turn_mask, trajectory.verdict)

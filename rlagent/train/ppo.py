@@ -88,7 +88,7 @@ def make_train(
     score = make_score(env, graphdef, rollout_config)
     probe = None
     if config.credit_every:
-        # Imported here: rlagent.credit builds on this module's estimators.
+        # Imported here: rlagent.credit imports the trainer (estimators, make_train).
         from rlagent.credit.probe import make_credit_probe
 
         probe = make_credit_probe(env, graphdef, rollout_config, config)
