@@ -131,8 +131,7 @@ def test_random_values_match_exhaustive_enumeration(env, episodes):
             state = ref.load(jax.tree.map(lambda x, b=b, s=s: x[b, s], ep.states))
             exact_v = _exact_value(ref, state, turns)
             after, timestep = ref.step(copy.deepcopy(state), np.asarray(ep.actions[b, s]))
-            rewards = np.array([timestep.signals.outcome, timestep.signals.verdict])
-            exact_q = rewards + _exact_value(ref, after, turns)
+            exact_q = _outcome_verdict(timestep) + _exact_value(ref, after, turns)
             for f in range(len(FORMS)):
                 for estimate, se, exact in (
                     (mc.value[f, b, s], mc.value_se[f, b, s], exact_v[f]),
@@ -197,14 +196,18 @@ def test_rejects_bad_arguments(env, episodes):
 # Independent computations through the plain-Python reference ------------------------------
 
 
+def _outcome_verdict(timestep) -> np.ndarray:
+    """`[2]` outcome and verdict of a reference step (its rewards under the two forms)."""
+    return np.array([timestep.signals.outcome, timestep.signals.verdict])
+
+
 def _oracle_returns(ref, state):
     """(outcome, process) returns of the reference oracle played to the end."""
     state = copy.deepcopy(state)
     outcome = process = 0.0
     while not (state.terminated or state.truncated):
         state, timestep = ref.step(state, ref.oracle(state))
-        outcome += timestep.signals.outcome
-        process += timestep.signals.verdict
+        outcome, process = np.array([outcome, process]) + _outcome_verdict(timestep)
     return outcome, process
 
 
@@ -243,7 +246,6 @@ def _exact_value(ref, state, turns, memo=None):
         total = np.zeros(2)
         for action, prob in turns:
             after, timestep = ref.step(copy.deepcopy(state), action)
-            reward = np.array([timestep.signals.outcome, timestep.signals.verdict])
-            total += prob * (reward + _exact_value(ref, after, turns, memo))
+            total += prob * (_outcome_verdict(timestep) + _exact_value(ref, after, turns, memo))
         memo[key] = total
     return memo[key]

@@ -223,7 +223,8 @@ def test_experiment_reports_a_diverged_run_then_raises(tmp_path, monkeypatch):
         experiment.run_and_report(experiment.reward_runs(config), config, workdir=str(tmp_path))
     table = (tmp_path / "summary.md").read_text()
     assert "| outcome (DIVERGED: 1 seeds) |" in table and "| process |" in table
-    assert json.loads((tmp_path / "summary.json").read_text())["outcome"]["diverged_seeds"] == 1
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["conditions"]["outcome"]["diverged_seeds"] == 1
     assert "wall_s" in json.loads((tmp_path / "provenance.json").read_text())
 
 

@@ -17,7 +17,7 @@ def get_config() -> ml_collections.ConfigDict:
     # main experiment's tiny LM after k PPO updates on the horizon's task; 0 = untrained).
     config.policies = "random,prover_0.5,prover_0.9,ppo_0,ppo_30"
     # Shortest plans in turns (rlagent.envs.horizon_config); 25 is the longest reachable.
-    config.horizons = "3,6,10,16,25"
+    config.horizons = "3,6,12,25"
     # Trainer estimators; `name@lam` sets GAE's lambda.
     config.estimators = (
         "gae_token@0.9,gae_token@1.0,gae_turn,hierarchical,grpo,rloo,reinforce_pp,gigpo"

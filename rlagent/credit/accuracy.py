@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from rlagent import losses
 from rlagent.train.config import TrainConfig
-from rlagent.train.ppo import estimate_advantages
+from rlagent.train.estimators import estimate_advantages
 from rlagent.types import Trajectory
 
 
@@ -59,10 +59,10 @@ def estimator_credit(trajectory: Trajectory, rewards: jax.Array, config: TrainCo
       rewards: `[B, S]` per-turn rewards (`rewards.turn_rewards`).
       config: estimator, gamma, lam, grouping, normalisation and aggregation.
     """
-    token_mask = trajectory.action_mask & trajectory.turn_mask[..., None]
-    zeros = jnp.zeros(token_mask.shape, jnp.float32)
+    loss_mask = trajectory.loss_mask
+    zeros = jnp.zeros(loss_mask.shape, jnp.float32)
     advantages, _ = estimate_advantages(trajectory, rewards, zeros, config)
-    return turn_credit(advantages, token_mask, agg=config.agg)
+    return turn_credit(advantages, loss_mask, agg=config.agg)
 
 
 def turn_credit(

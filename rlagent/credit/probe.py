@@ -55,7 +55,7 @@ def make_credit_probe(
                 reward_weights=reward_weights,
                 config=config,
             )
-            token_mask = first(trajectory.action_mask & trajectory.turn_mask[..., None])
+            token_mask = first(trajectory.loss_mask)
             credit = accuracy.turn_credit(first(advantages), token_mask, agg=config.agg)
             scores = accuracy.credit_accuracy(
                 credit,

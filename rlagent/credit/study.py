@@ -22,6 +22,7 @@ from how well a critic happened to train; a learned critic adds its bias on top.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -107,15 +108,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     return summary
 
 
-class _Batch:
+class _Batch(NamedTuple):
     """What the estimators and the scores need from one measured batch (device arrays)."""
 
-    def __init__(self, trajectory, values, mc_values, success):
-        self.trajectory = trajectory  # the behaviour episodes (their values are replaced).
-        self.values = values  # [R, B, S] noisy critic per reward form.
-        self.mc = mc_values  # MCValues with [R, B, S] fields.
-        self.success = success  # [] success rate of the behaviour episodes.
-        self.turns = jnp.mean(jnp.sum(trajectory.turn_mask, axis=1))
+    trajectory: Trajectory  # the behaviour episodes (their values are replaced).
+    values: jax.Array  # [R, B, S] noisy critic per reward form.
+    mc: mc.MCValues  # fields [R, B, S].
+    success: jax.Array  # [] success rate of the behaviour episodes.
+    turns: jax.Array  # [] mean turns per episode.
 
 
 def make_measure(env: ToolWorld, name: str, base: TrainConfig, config) -> Callable:
@@ -196,9 +196,10 @@ def _measure_fn(episodes: Callable, base: TrainConfig, sampling: _Sampling) -> C
         target = estimate(mc_key, num_samples=sampling.num_samples)
         critic = estimate(critic_key, num_samples=sampling.critic_samples)
         success = jnp.mean(jnp.sum(trajectory.outcome, axis=1) > 0)
-        return trajectory, critic.value, target, success
+        turns = jnp.mean(jnp.sum(trajectory.turn_mask, axis=1))
+        return _Batch(trajectory, critic.value, target, success, turns)
 
-    return lambda params, key, weights: _Batch(*measure(params, key, weights))
+    return measure
 
 
 class _LMSetup(NamedTuple):
@@ -232,19 +233,13 @@ def _checkpoint(env: ToolWorld, setup: _LMSetup, config, num_updates: int):
     return state.params
 
 
-def env_trajectory(episodes: mc.EnvEpisodes, values: jax.Array | None = None) -> Trajectory:
-    """The `Trajectory` of environment-level episodes (for the trainer's estimators).
-
-    Args:
-      episodes: from `rollout_env_policy`.
-      values: optional `[B, S]` per-turn critic, put on every generated token of the turn.
-    """
+def env_trajectory(episodes: mc.EnvEpisodes) -> Trajectory:
+    """The `Trajectory` of environment-level episodes (`rollout_env_policy`) for the
+    trainer's estimators: generated tokens up to END, log-probs and values 0."""
     actions = episodes.actions
     signals = episodes.signals
     is_end = actions == dsl.END
     action_mask = (jnp.cumsum(is_end, axis=-1) - is_end) == 0  # tokens up to END
-    played = action_mask & signals.turn_mask[..., None]
-    turn_values = jnp.zeros(signals.turn_mask.shape) if values is None else values
     states = episodes.states
     last = signals.turn_mask & ~jnp.pad(signals.turn_mask[:, 1:], ((0, 0), (0, 1)))
     return Trajectory(
@@ -253,7 +248,7 @@ def env_trajectory(episodes: mc.EnvEpisodes, values: jax.Array | None = None) ->
         action_tokens=actions,
         action_mask=action_mask,
         logp=jnp.zeros(actions.shape, jnp.float32),
-        values=jnp.where(played, turn_values[..., None], 0.0).astype(jnp.float32),
+        values=jnp.zeros(actions.shape, jnp.float32),
         turn_mask=signals.turn_mask,
         outcome=signals.outcome,
         verdict=signals.verdict,
@@ -268,7 +263,7 @@ def env_trajectory(episodes: mc.EnvEpisodes, values: jax.Array | None = None) ->
 @functools.partial(jax.jit, static_argnums=0)
 def _score_jit(est_config, trajectory, values, rewards, advantage, advantage_se):
     turn_mask = trajectory.turn_mask
-    played = trajectory.action_mask & turn_mask[..., None]
+    played = trajectory.loss_mask
     trajectory = trajectory._replace(values=jnp.where(played, values[..., None], 0.0))
     credit = accuracy.estimator_credit(trajectory, rewards, est_config)
     return accuracy.credit_accuracy(credit, advantage, advantage_se, turn_mask, trajectory.verdict)
@@ -292,11 +287,7 @@ def _estimator_config(base: TrainConfig, spec: str) -> TrainConfig:
     fields = {"estimator": name}
     if lam:
         fields["lam"] = float(lam)
-    return TrainConfig.from_mapping({**_fields(base), **fields})
-
-
-def _fields(config: TrainConfig) -> dict[str, Any]:
-    return {f: getattr(config, f) for f in config.__dataclass_fields__}
+    return dataclasses.replace(base, **fields)
 
 
 # Reports --------------------------------------------------------------------------------

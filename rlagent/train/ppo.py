@@ -24,6 +24,7 @@ import optax
 from flax import nnx
 
 from rlagent import losses
+from rlagent.credit.probe import make_credit_probe
 from rlagent.models import Policy
 from rlagent.models import PolicyConfig
 from rlagent.rollout import RolloutConfig
@@ -89,12 +90,9 @@ def make_train(
     graphdef, _ = nnx.split(abstract)
     rollout = make_rollout(env, graphdef, rollout_config)
     score = make_score(env, graphdef, rollout_config)
-    probe = None
-    if config.credit_every:
-        # Imported here: rlagent.credit builds on this module's estimators.
-        from rlagent.credit.probe import make_credit_probe
-
-        probe = make_credit_probe(env, graphdef, rollout_config, config)
+    probe = (
+        make_credit_probe(env, graphdef, rollout_config, config) if config.credit_every else None
+    )
     optimizer = _make_optimizer(config)
     batch_size = config.batch_size
     needs_ref = config.kl_placement != "none"
