@@ -85,3 +85,11 @@ def test_performance_profile_plot(tmp_path):
     scores = {"a": [0.1, 0.5, 0.9], "b": [0.0, 0.2, 1.0]}
     stats.plot_performance_profiles(scores, str(path), reps=50)
     assert path.stat().st_size > 1000
+
+
+def test_mean_ci_student_t():
+    # n = 3, std 0.01: t_{0.975, 2} = 4.303.
+    out = stats.mean_ci([0.50, 0.51, 0.52])
+    np.testing.assert_allclose(out["mean"], 0.51)
+    np.testing.assert_allclose(out["ci95"], 4.3027 * 0.01 / np.sqrt(3), rtol=1e-4)
+    assert stats.mean_ci([0.3]) == {"mean": 0.3, "std": 0.0, "ci95": 0.0}

@@ -52,7 +52,7 @@ from rlagent.models import PolicyConfig
 from rlagent.rollout import RolloutConfig
 from rlagent.rollout import make_rollout
 from rlagent.train import make_train
-from rlagent.train import report
+from rlagent.train import stats
 from rlagent.train.config import TrainConfig
 from rlagent.train.rewards import reward_weights
 from rlagent.train.rewards import turn_rewards
@@ -303,7 +303,7 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         entry = {}
         for metric in METRICS + ("success", "turns"):
             values = [r[metric] for r in cell if not math.isnan(r[metric])]
-            entry[metric] = report.mean_ci(values) if values else None
+            entry[metric] = stats.mean_ci(values) if values else None
         node = summary.setdefault(reward, {}).setdefault(policy, {}).setdefault(estimator, {})
         node[str(horizon)] = entry
     return summary
@@ -373,8 +373,8 @@ def plot(rows: Sequence[Mapping[str, Any]], path: str, metric: str = "spearman")
     plt.close(fig)
 
 
-def _pm(stats) -> str:
-    return "n/a" if stats is None else f"{stats['mean']:.2f} ± {stats['ci95']:.2f}"
+def _pm(estimate) -> str:
+    return "n/a" if estimate is None else f"{estimate['mean']:.2f} ± {estimate['ci95']:.2f}"
 
 
 def _names(text) -> list[str]:

@@ -74,6 +74,22 @@ def interval_estimates(
     return out
 
 
+def mean_ci(values: Sequence[float], confidence: float = 0.95) -> dict[str, float]:
+    """Mean, sample std and Student-t interval half-width (`ci95`) of per-seed values.
+
+    For roughly normal per-seed quantities (correlations, biases); success rates, which are
+    often bimodal over seeds, get `interval_estimates` and `takeoff_rate` instead.
+    """
+    x = np.asarray(values, np.float64)
+    if x.ndim != 1 or x.size == 0:
+        raise ValueError(f"values must be a non-empty 1-D sequence, got shape {x.shape}.")
+    if x.size == 1:
+        return {"mean": float(x[0]), "std": 0.0, "ci95": 0.0}
+    std = float(x.std(ddof=1))
+    quantile = float(scipy_stats.t.ppf(0.5 + confidence / 2, df=x.size - 1))
+    return {"mean": float(x.mean()), "std": std, "ci95": quantile * std / np.sqrt(x.size)}
+
+
 def takeoff_rate(values: Sequence[float], threshold: float, confidence: float = 0.95):
     """Fraction of seeds with value >= threshold, with an exact Clopper-Pearson interval.
 
