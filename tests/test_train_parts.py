@@ -10,6 +10,7 @@ import pytest
 from rlagent.advantages import gae
 from rlagent.advantages import hierarchical_advantages
 from rlagent.advantages import reinforce_pp_returns
+from rlagent.envs import dsl
 from rlagent.returns import compose_rewards
 from rlagent.train import estimators
 from rlagent.train import report
@@ -308,7 +309,13 @@ def test_anchor_ids_identify_identical_observations():
 
 
 def test_episode_metrics_by_hand():
-    metrics = jax.tree.map(float, episode_metrics(_trajectory()))
+    traj = _trajectory()
+    first = np.full((B, S), dsl.SAY)
+    first[0, 1] = first[3, 0] = dsl.CALL  # episodes 0 and 3 call a tool ...
+    first[2, 1] = dsl.CALL  # ... episode 2 only after its last played turn.
+    traj = traj._replace(action_tokens=traj.action_tokens.at[..., 0].set(first))
+    metrics = jax.tree.map(float, episode_metrics(traj))
+    assert metrics["collapse_rate"] == pytest.approx(0.5)  # episodes 1 and 2 make no call
     assert metrics["success"] == pytest.approx(0.5)
     assert metrics["turns"] == pytest.approx((3 + 2 + 1 + 3) / 4)
     assert metrics["violation_rate"] == pytest.approx(0.25)

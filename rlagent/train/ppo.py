@@ -25,6 +25,7 @@ from flax import nnx
 
 from rlagent import losses
 from rlagent.credit.probe import make_credit_probe
+from rlagent.envs import dsl
 from rlagent.models import Policy
 from rlagent.models import PolicyConfig
 from rlagent.rollout import RolloutConfig
@@ -300,12 +301,19 @@ def _ppo_loss(
 
 
 def episode_metrics(trajectory: Trajectory) -> Metrics:
-    """Per-iteration means over the batch of episodes, all float32 scalars."""
+    """Per-iteration means over the batch of episodes, all float32 scalars.
+
+    `collapse_rate` is the fraction of episodes without a single tool call (no turn
+    starting with CALL): a policy that gives up makes no calls, so it breaks no rule and is
+    never "inefficient"; read violation and efficiency numbers next to it.
+    """
     valid = trajectory.turn_mask.astype(jnp.float32)
     turns = jnp.sum(valid, axis=1)
     tokens = jnp.sum(trajectory.loss_mask, axis=(1, 2))
     violations = jnp.sum(trajectory.violations * valid, axis=1)
+    calls = jnp.sum((trajectory.action_tokens[..., 0] == dsl.CALL) & trajectory.turn_mask, axis=1)
     return {
+        "collapse_rate": jnp.mean(calls == 0),
         "success": jnp.mean(jnp.sum(trajectory.outcome * valid, axis=1) > 0),
         "outcome": jnp.mean(jnp.sum(trajectory.outcome * valid, axis=1)),
         "process_score": jnp.sum(trajectory.verdict * valid) / jnp.maximum(jnp.sum(valid), 1.0),
