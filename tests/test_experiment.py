@@ -1,6 +1,8 @@
 """The main experiment end to end on a tiny budget: files, table, config errors."""
 
+import csv
 import json
+import math
 import os
 
 import pytest
@@ -24,6 +26,8 @@ def _tiny_config():
 
 def test_main_experiment_writes_metrics_plot_and_tables(tmp_path):
     config = _tiny_config()
+    config.train.eval_every = 2  # held-out evaluation after update 2 (the last) only.
+    config.train.eval_episodes = 4
     summary = experiment.run_and_report(
         experiment.reward_runs(config), config, workdir=str(tmp_path), title="tiny",
         progress=False,
@@ -36,6 +40,15 @@ def test_main_experiment_writes_metrics_plot_and_tables(tmp_path):
     assert len(lines) == 1 + 2 * 2 * 2  # header + conditions x seeds x updates
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert saved["conditions"]["potential"]["seeds"] == [0, 1]
+    # Held-out evaluation: NaN on update 1, measured on update 2, summarised per seed.
+    rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
+    for row in rows:
+        for name in ("eval_sampled_success", "eval_greedy_success", "eval_greedy_turns"):
+            assert math.isnan(float(row[name])) == (row["update"] == "1")
+    outcome = saved["conditions"]["outcome"]
+    assert len(outcome["per_seed"]["eval_greedy_success"]) == 2
+    assert 0.0 <= outcome["eval_greedy_success"]["iqm"]["value"] <= 1.0
+    assert "held-out greedy success" in (tmp_path / "summary.md").read_text()
     assert (tmp_path / "summary.md").read_text().startswith("# tiny")
     assert list((tmp_path / "rewards" / "checkpoints").iterdir())
 

@@ -73,6 +73,11 @@ class TrainConfig:
     credit_every: int = 0
     credit_episodes: int = 8
     credit_samples: int = 8
+    # Held-out evaluation (rlagent.train.evaluation), run by the host loop between chunks:
+    # every `eval_every` updates and after the last one (0 = off), `eval_episodes`
+    # episodes on fixed held-out environment keys, sampled and greedy.
+    eval_every: int = 0
+    eval_episodes: int = 64
 
     def __post_init__(self):
         _check_choice("reward", self.reward, REWARDS)
@@ -106,6 +111,10 @@ class TrainConfig:
             )
         if self.credit_every and self.credit_samples < 2:
             raise ValueError(f"TrainConfig.credit_samples must be >= 2, got {self.credit_samples}.")
+        if self.eval_every < 0:
+            raise ValueError(f"TrainConfig.eval_every must be >= 0, got {self.eval_every}.")
+        if self.eval_episodes < 1:
+            raise ValueError(f"TrainConfig.eval_episodes must be >= 1, got {self.eval_episodes}.")
         if self.learning_rate <= 0 or self.clip_low <= 0 or self.clip_high <= 0:
             raise ValueError("learning_rate, clip_low and clip_high must be positive.")
 

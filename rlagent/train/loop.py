@@ -36,11 +36,13 @@ import orbax.checkpoint as ocp
 from absl import logging
 from tqdm.auto import tqdm
 
+from rlagent.train import evaluation
 from rlagent.train import provenance
 from rlagent.train.config import TrainConfig
 from rlagent.train.ppo import NONFINITE_METRICS
 from rlagent.train.ppo import RunnerState
 from rlagent.train.ppo import Trainer
+from rlagent.train.ppo import episode_metrics
 from rlagent.train.ppo import make_train
 from rlagent.train.rewards import reward_weights
 from rlagent.train.writers import MetricWriter
@@ -92,8 +94,11 @@ def run(
     state, so all runs share one compiled program. Each row is one (update, condition,
     seed): the metrics of `rlagent.train.ppo` plus `update` (1-based), `condition`,
     `seed`, `env_turns_total` (turns of experience so far in that run) and
-    `turns_per_sec` (the chunk's throughput over all runs). `stop_after` ends this call
-    after that many updates in total (a checkpoint is written; `resume=True` continues).
+    `turns_per_sec` (the chunk's throughput over all runs). With `config.eval_every`, rows
+    also carry the held-out evaluation metrics (`rlagent.train.evaluation`), NaN on the
+    updates that were not evaluated; chunks then end at every evaluation. `stop_after`
+    ends this call after that many updates in total (a checkpoint is written;
+    `resume=True` continues).
     See the module docstring for `resume` / `overwrite` and the errors raised
     (`RunError`, `Diverged`).
     """
@@ -130,8 +135,12 @@ def run(
         rows = writer.truncate(done) if done else []
         if not done:
             writer.clear()
+        evaluate = None
+        if config.eval_every:
+            evaluate = _evaluator(trainer, env, rollout_config, config.eval_episodes)
         return _train(
             trainer,
+            evaluate,
             state,
             done,
             rows,
@@ -150,7 +159,19 @@ def run(
 
 
 def _train(
-    trainer, state, done, rows, runs, config, writer, manager, *, chunk_size, stop_after, progress
+    trainer,
+    evaluate,
+    state,
+    done,
+    rows,
+    runs,
+    config,
+    writer,
+    manager,
+    *,
+    chunk_size,
+    stop_after,
+    progress,
 ) -> list[dict[str, Any]]:
     totals = dict.fromkeys(runs, 0.0)
     for row in rows:
@@ -161,6 +182,8 @@ def _train(
     try:
         while done < last:
             length = min(chunk_size, last - done)
+            if evaluate is not None:  # end the chunk at the next evaluation
+                length = min(length, config.eval_every - done % config.eval_every)
             chunk = _chunk(trainer, length)
             start = time.perf_counter()
             state, metrics = chunk(state)
@@ -177,6 +200,11 @@ def _train(
                     row["env_turns_total"] = totals[(condition, seed)]
                     row["turns_per_sec"] = throughput
                     new_rows.append(row)
+            if evaluate is not None:
+                evaluated = diverged is None and (
+                    (done + length) % config.eval_every == 0 or done + length == config.num_updates
+                )
+                _add_evaluation(new_rows, runs, evaluate(state.params) if evaluated else None)
             writer.write(new_rows)
             rows.extend(new_rows)
             if diverged is not None:
@@ -289,6 +317,31 @@ def _trainer(config, env, policy_config, rollout_config, mesh) -> Trainer:
     # Cached so that repeated runs of one setup (resume, several calls in a notebook or a
     # test) reuse the compiled chunks below instead of tracing a new closure.
     return make_train(config, env, policy_config, rollout_config, mesh=mesh)
+
+
+def _add_evaluation(new_rows, runs, metrics) -> None:
+    """Puts the evaluation `metrics` ([runs] per name) on each run's last row of the chunk.
+
+    Every row gets every evaluation column (NaN where not evaluated), so that the CSV keeps
+    one set of keys.
+    """
+    names = [f"eval_{p}_{m}" for p in ("sampled", "greedy") for m in evaluation.EVAL_METRICS]
+    last_update = max(row["update"] for row in new_rows)
+    values = None if metrics is None else jax.device_get(metrics)
+    for row in new_rows:
+        i = runs.index((row["condition"], row["seed"]))
+        for name in names:
+            evaluated = values is not None and row["update"] == last_update
+            row[name] = float(values[name][i]) if evaluated else float("nan")
+
+
+@functools.lru_cache(maxsize=16)
+def _evaluator(trainer: Trainer, env, rollout_config, num_episodes: int):
+    """`jit(vmap(evaluate))` over the runs' parameters (`rlagent.train.evaluation`)."""
+    evaluate = evaluation.make_evaluate(
+        env, trainer.graphdef, rollout_config, episode_metrics, num_episodes=num_episodes
+    )
+    return jax.jit(jax.vmap(evaluate))
 
 
 @functools.lru_cache(maxsize=16)

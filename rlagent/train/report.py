@@ -25,6 +25,8 @@ from rlagent.train.ppo import NONFINITE_METRICS
 
 # Per-seed means over the final updates of these row metrics, when the rows carry them.
 _FINAL_METRICS = ("violation_rate", "turns", "turns_over_plan", "process_score", "collapse_rate")
+# Held-out success (rlagent.train.evaluation): per seed, the last evaluation of the run.
+EVAL_SUCCESS = ("eval_sampled_success", "eval_greedy_success")
 
 
 def summarize(
@@ -44,7 +46,9 @@ def summarize(
     at equal experience and nothing is extrapolated); `turns_to_<p>` the experience at the
     first update whose value reached p, censored at the budget when never reached;
     `violation_rate`, `turns`, `turns_over_plan`, `process_score` and `collapse_rate` are
-    averaged over the final updates, `violation_rate_all` over every update.
+    averaged over the final updates, `violation_rate_all` over every update;
+    `eval_sampled_success` / `eval_greedy_success`, when the rows carry held-out
+    evaluations, are each seed's last evaluation (summarised like the final value).
     `diverged_seeds` counts seeds whose training stopped on a non-finite loss or gradient
     (their numbers end there; the table marks the condition).
 
@@ -77,6 +81,10 @@ def summarize(
             for key in _FINAL_METRICS:
                 if key in seed_rows[0]:
                     per_seed[key].append(float(np.mean([r[key] for r in tail])))
+            for key in EVAL_SUCCESS:
+                evaluated = [float(r[key]) for r in seed_rows if np.isfinite(r.get(key, np.nan))]
+                if evaluated:
+                    per_seed[key].append(evaluated[-1])
             if "violation_rate" in seed_rows[0]:
                 per_seed["violation_rate_all"].append(
                     float(np.mean([r["violation_rate"] for r in seed_rows]))
@@ -87,7 +95,7 @@ def summarize(
             for seed_rows in seeds
         )
         entry["per_seed"] = dict(per_seed)
-        for key in (final_key, "auc"):
+        for key in (final_key, "auc", *(k for k in EVAL_SUCCESS if len(per_seed[k]) == len(seeds))):
             entry[key] = stats.interval_estimates({condition: per_seed[key]}, reps=reps)[condition]
         entry["takeoff"] = stats.takeoff_rate(per_seed[final_key], takeoff)
         for p in thresholds:
@@ -122,6 +130,8 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
     header = ["condition", "seeds", f"final {metric}: IQM [95% CI]", "mean [95% CI]"]
     header += [f"take-off (final >= {settings['takeoff_threshold']:g}) [95% CI]"]
     header += ["AUC [95% CI]", *[f"turns to {p:.0%}: median (reached)" for p in thresholds]]
+    evals = [k for k in EVAL_SUCCESS if all(k in e for e in summary["conditions"].values())]
+    header += [f"held-out {k.split('_')[1]} success: IQM [95% CI]" for k in evals]
     header += ["violation rate (whole run)", "collapse rate", "turns / episode"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for condition, entry in summary["conditions"].items():
@@ -136,6 +146,7 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
             hit = entry[_turns_key(p)]
             median = "not reached" if hit["median"] is None else f"{hit['median']:,.0f}"
             cells.append(f"{median} ({hit['reached']})")
+        cells += [_interval(entry[k]["iqm"]) for k in evals]
         for key in ("violation_rate_all", "collapse_rate", "turns"):
             cells.append(_interval(entry[key]) if key in entry else "n/a")
         lines.append("| " + " | ".join(cells) + " |")
