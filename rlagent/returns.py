@@ -144,6 +144,7 @@ def prm_rewards(
     form: str,
     temperature: float = 0.1,
     gamma: float = 1.0,
+    final_potential: jax.Array | None = None,
 ) -> jax.Array:
     """Per-turn rewards from per-step process-reward-model scores.
 
@@ -157,8 +158,11 @@ def prm_rewards(
       `T -> 0`. The return of the first turn, `M_0 = sum_s softmax_s(-score/T) score_s`,
       is the paper's transformed total. Use with a `gamma = 1` return.
     * `"potential"` (Ng et al., 1999): `r_s = gamma * Phi_{s+1} - Phi_s` with
-      `Phi_s = score_s` and `Phi = 0` after the last valid turn, so that for `gamma = 1`
-      the rewards of an episode sum to `-Phi_0` whatever the trajectory.
+      `Phi_s = score_s` and, after the last valid turn, `Phi = final_potential` (default
+      0: the episode terminated, so that for `gamma = 1` its rewards sum to `-Phi_0`
+      whatever the trajectory). A row cut off by a turn limit and bootstrapped from
+      `V(s_S)` must pass the potential of that state: with 0, the shaped return would
+      subtract `Phi(s_S)` once in the last reward and again inside the bootstrap value.
 
     `"sum"` and `"min"` ignore `gamma`.
 
@@ -169,6 +173,8 @@ def prm_rewards(
       temperature: softmin temperature of `"min"`, > 0 (checked when a Python number); a
         traced 0 gives the hard minimum, a traced negative value is the caller's contract.
       gamma: discount of the potential-based shaping, in `[0, 1]`.
+      final_potential: `[B]` float potential after the last valid turn (`"potential"`
+        only; default zeros).
 
     Returns:
       `[B, S]` float32 per-turn rewards, 0 on invalid turns.
@@ -182,7 +188,14 @@ def prm_rewards(
         return jnp.where(turn_mask, scores, 0.0)
     if form == "potential":
         _check_range("gamma", gamma, 0.0, 1.0)
-        next_potential = _next_unmasked(scores, turn_mask, jnp.zeros(scores.shape[:1]))
+        if final_potential is None:
+            final_potential = jnp.zeros(scores.shape[:1], jnp.float32)
+        _check_float("final_potential", final_potential, 1)
+        chex.assert_equal_shape_prefix(
+            [final_potential, scores], 1, custom_message="`final_potential` must be [B]"
+        )
+        last = final_potential.astype(jnp.float32)
+        next_potential = _next_unmasked(scores, turn_mask, last)
         return jnp.where(turn_mask, gamma * next_potential - scores, 0.0)
     _check_range("temperature", temperature, 0.0, open_low=True)
     num_turns = scores.shape[1]

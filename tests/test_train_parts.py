@@ -119,6 +119,14 @@ def test_turn_rewards_match_hand_computed_forms():
     np.testing.assert_allclose(shaped.sum(axis=1), outcome.sum(axis=1), atol=1e-6)
     # ... and a valid step is paid POTENTIAL_SCALE when the next turn is played.
     assert shaped[0, 0] == pytest.approx(POTENTIAL_SCALE)
+    # Rows 0 and 3 are truncated (their last slot is played, not terminal). Bootstrapped,
+    # the state after the last turn keeps its potential (3 and 2 valid steps), so the
+    # shaping sums to Phi_S - Phi_0 instead of subtracting Phi_S a second time.
+    boot = np.asarray(turn_rewards(traj, _config(reward="potential", bootstrap_truncated=True)))
+    np.testing.assert_allclose(
+        boot.sum(axis=1) - outcome.sum(axis=1), POTENTIAL_SCALE * np.array([3, 0, 0, 2])
+    )
+    np.testing.assert_allclose(boot[1:3], shaped[1:3])  # terminated rows are unchanged
     # Min-form credit: each row's return lies between its min step score and outcome + max.
     prm_min = np.asarray(turn_rewards(traj, _config(reward="prm_min")))
     assert np.all(prm_min[~np.asarray(traj.turn_mask)] == 0)

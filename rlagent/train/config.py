@@ -23,7 +23,7 @@ REWARDS = (
     "composed",  # outcome / process / efficiency mix, `reward_weights`.
     "prm_sum",  # outcome + prm_rewards(verdict, form="sum").
     "prm_min",  # outcome + prm_rewards(verdict, form="min").
-    "potential",  # outcome + potential shaping with Phi = fraction of the plan done.
+    "potential",  # outcome + shaping, Phi = 0.5 x valid plan steps taken (rewards.py).
 )
 KL_PLACEMENTS = ("none", "reward", "loss")
 SCHEDULES = ("constant", "linear", "cosine")

@@ -65,11 +65,23 @@ def reward_components(trajectory: Trajectory, config: TrainConfig) -> jax.Array:
     verdict = trajectory.verdict * valid
     steps_done = jnp.cumsum(verdict > 0, axis=1) - (verdict > 0)
     potential = POTENTIAL_SCALE * steps_done.astype(jnp.float32)
+    # A truncated row that the estimator bootstraps from V(s_S) ends in a non-terminal
+    # state whose potential is that of every step taken; otherwise the episode's end is
+    # terminal (Phi = 0) and the shaping telescopes to -Phi_0.
+    truncated = turn_mask[:, -1] & ~trajectory.done[:, -1]
+    steps_total = POTENTIAL_SCALE * jnp.sum(verdict > 0, axis=1).astype(jnp.float32)
+    final_potential = jnp.where(truncated & config.bootstrap_truncated, steps_total, 0.0)
     components = (
         trajectory.outcome,
         verdict,
         trajectory.efficiency,
-        prm_rewards(potential, turn_mask, form="potential", gamma=config.gamma),
+        prm_rewards(
+            potential,
+            turn_mask,
+            form="potential",
+            gamma=config.gamma,
+            final_potential=final_potential,
+        ),
         prm_rewards(verdict, turn_mask, form="min", temperature=config.prm_temperature),
         trajectory.violations.astype(jnp.float32),
     )
