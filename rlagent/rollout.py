@@ -42,6 +42,7 @@ from typing import NamedTuple
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from rlagent.envs import StepType
@@ -288,7 +289,8 @@ def turn_hidden_states(model: ContextLM, traj: Trajectory, *, window: int | None
       model: the actor or critic `ContextLM`.
       traj: obs_tokens [B, S, O], progress [B, S, K], action_tokens / action_mask [B, S, L].
     Returns:
-      [B, S, L, D]: entry i of turn s is the state before token i (its logits / value).
+      [B, S, L, D]: entry i of turn s is the state before token i (its logits / value);
+      zeros in turns not played (windowed mode).
     """
     obs, progress = traj.obs_tokens, traj.progress
     action = traj.action_tokens
@@ -300,13 +302,11 @@ def turn_hidden_states(model: ContextLM, traj: Trajectory, *, window: int | None
         x, valid = jax.vmap(functools.partial(full_context, enc, embed))(
             obs, progress, action, action_mask
         )
-        hidden, _ = model.lm(x, valid)
         block = obs.shape[-1] + num_markers + turn_len
         first = obs.shape[-1] + num_markers - 1  # slot predicting token 0 of turn 0
-        index = (
-            jnp.arange(turns)[:, None] * block + first + jnp.arange(turn_len)[None, :]
-        ).reshape(-1)
-        return hidden[:, index].reshape(batch, turns, turn_len, -1)
+        index = np.arange(turns)[:, None] * block + first + np.arange(turn_len)[None, :]
+        hidden, _ = model.lm(x, valid, read=index.reshape(-1))
+        return hidden.reshape(batch, turns, turn_len, -1)
 
     def episode(obs, progress, action, action_mask):
         summaries = summary_sequence(enc, embed, obs, progress, action, action_mask, window)
@@ -321,8 +321,14 @@ def turn_hidden_states(model: ContextLM, traj: Trajectory, *, window: int | None
 
     x, valid = jax.vmap(episode)(obs, progress, action, action_mask)  # [B, S, C + L, ...]
     context = x.shape[2] - turn_len
-    hidden, _ = model.lm(x.reshape(batch * turns, *x.shape[2:]), valid.reshape(batch * turns, -1))
-    hidden = hidden[:, context - 1 : context - 1 + turn_len]
+    read = np.arange(context - 1, context - 1 + turn_len)  # the slots predicting action_s
+    # Rows of turns that were not played are skipped (zeros): nothing reads them.
+    hidden = model.lm.read_live_rows(
+        x.reshape(batch * turns, *x.shape[2:]),
+        valid.reshape(batch * turns, -1),
+        traj.turn_mask.reshape(-1),
+        read=read,
+    )
     return hidden.reshape(batch, turns, turn_len, -1)
 
 
@@ -409,13 +415,13 @@ def _prefill(
     if dims.window is None:
         x, valid = jax.vmap(functools.partial(enc.observation, embed))(obs.tokens, obs.progress)
         write = s * dims.block
-        hidden, cache = model.lm(x, valid, memory.cache, write)
+        hidden, cache = model.lm(x, valid, memory.cache, write, read=np.array([x.shape[1] - 1]))
         return hidden[:, -1], cache, write + dims.obs_len + dims.num_markers
     x, valid = jax.vmap(functools.partial(window_context, enc, embed))(
         memory.summary, window, obs.tokens, obs.progress
     )
     cache = init_cache(model.config, batch, dims.context + dims.turn_len)
-    hidden, cache = model.lm(x, valid, cache, 0)
+    hidden, cache = model.lm(x, valid, cache, 0, read=np.array([x.shape[1] - 1]))
     return hidden[:, -1], cache, jnp.int32(dims.context)
 
 

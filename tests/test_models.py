@@ -2,6 +2,7 @@
 
 import importlib.util
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -64,6 +65,31 @@ def test_cached_and_uncached_logits_equal(model):
     other = tokens.at[0, 2].set((tokens[0, 2] + 1) % VOCAB)
     changed = _teacher_forced(lm, other, valid)
     np.testing.assert_allclose(np.delete(changed[0], 2, 0), np.delete(full[0], 2, 0), atol=1e-6)
+
+
+def test_read_positions_equal_the_full_pass(model):
+    """`read` computes the last block only where it is read: same hidden states, same grads."""
+    lm, graphdef, params = model
+    tokens = jax.random.randint(jax.random.key(4), (3, 9), 1, VOCAB)
+    valid = jnp.ones(tokens.shape, bool).at[1, 3].set(False)
+    read = jnp.array([0, 4, 5, 8])
+
+    def hidden(params, read):
+        lm = nnx.merge(graphdef, params)
+        return lm(lm.embed(tokens), valid, read=read)[0]
+
+    full = hidden(params, None)[:, read]
+    np.testing.assert_allclose(hidden(params, read), full, atol=1e-6)
+    weights = jax.random.normal(jax.random.key(5), full.shape)
+    full_grad = jax.grad(lambda p: jnp.sum(hidden(p, None)[:, read] * weights))(params)
+    read_grad = jax.grad(lambda p: jnp.sum(hidden(p, read) * weights))(params)
+    chex.assert_trees_all_close(read_grad, full_grad, atol=1e-6)
+    # With a cache: the same hidden states at `read`, the same keys and values cached.
+    cache = init_cache(CONFIG, 3, 9)
+    cached, full_cache = lm(lm.embed(tokens), valid, cache)
+    read_cached, read_cache = lm(lm.embed(tokens), valid, cache, read=read)
+    np.testing.assert_allclose(read_cached, cached[:, read], atol=1e-6)
+    chex.assert_trees_all_close(read_cache, full_cache, atol=1e-6)
 
 
 def test_causality(model):

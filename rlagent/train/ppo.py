@@ -82,7 +82,11 @@ def make_train(
     optimizer = _make_optimizer(config)
     batch_size = config.batch_size
     minibatch_size = batch_size // config.num_minibatches
-    needs_ref = config.kl_placement != "none"
+    # The frozen reference costs a teacher-forced pass per update: skipped when nothing
+    # reads it (then `kl_to_ref` and `kl_loss` are not measured and not reported).
+    needs_ref = config.kl_placement != "none" and (
+        config.kl_coef != 0 or config.kl_target is not None
+    )
     default_weights = reward_weights(config)
 
     def shard(tree):
@@ -166,10 +170,11 @@ def make_train(
         metrics = {
             **episode_metrics(trajectory),
             **stats,
-            "kl_to_ref": kl_now,
             "kl_coef": state.kl_coef,
             "train_return": jnp.mean(jnp.sum(rewards, axis=1)),
         }
+        if needs_ref:
+            metrics["kl_to_ref"] = kl_now
         new_state = state._replace(
             params=params, opt_state=opt_state, kl_coef=kl_coef, key=key, step=state.step + 1
         )
@@ -208,7 +213,7 @@ def make_train(
             )
             total = total + config.value_coef * value_loss
             stats["value_loss"] = value_loss
-        if config.kl_placement == "loss":
+        if needs_ref and config.kl_placement == "loss":
             kl = losses.kl_penalty(_rows(logp), _rows(minibatch.ref_logp), kind=config.kl_kind)
             kl_loss = losses.aggregate(kl, mask, config.agg)
             total = total + kl_coef * kl_loss
