@@ -7,7 +7,9 @@ CPU may be shared). Keys:
 
 * `env_turns_per_sec`: environment turns of experience per second at the largest run
   count (20), the number `metrics.csv` reports as `turns_per_sec`.
-* `update_ms`, `compile_s`: one update of all runs (fastest), and the first call minus it.
+* `update_ms`, `compile_s`: one update of all runs (fastest), and the first call minus it;
+  `by_runs` adds `update_cpu_ms`, the process CPU time of that update (all threads), which
+  other jobs on a shared CPU disturb less than the wall time.
 * `breakdown_ms` of one update: `rollout` (sampling + environment, `trainer.rollout`
   vmapped), `reference` (the frozen policy's log-probs: update time with the configured
   KL minus update time with `kl_placement='none'`, the two timed alternately; 0 when the
@@ -109,17 +111,19 @@ def _time_update(trainer, state) -> dict:
     state, metrics = jax.block_until_ready(update(state))
     first = time.perf_counter() - start
     first_metrics = {name: np.asarray(value).tolist() for name, value in metrics.items()}
-    times, turns = [], []
+    times, cpu_times, turns = [], [], []
     for _ in range(_REPEATS.value):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         state, metrics = jax.block_until_ready(update(state))
         times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - cpu_start)
         turns.append(float(np.sum(metrics["env_turns"])))
     fastest = int(np.argmin(times))
     trajectory = jax.jit(jax.vmap(trainer.rollout))(state.params, *_rollout_keys(state))
     return dict(
         update_ms=1e3 * times[fastest],
         update_ms_median=1e3 * statistics.median(times),
+        update_cpu_ms=1e3 * cpu_times[fastest],
         compile_s=first - times[fastest],
         env_turns=turns[fastest],
         live_slot_fraction=float(jnp.mean(trajectory.turn_mask)),

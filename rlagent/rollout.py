@@ -47,6 +47,7 @@ from flax import nnx
 
 from rlagent.envs import StepType
 from rlagent.envs import dsl
+from rlagent.models.live_rows import live_rows
 from rlagent.models.llama import KVCache
 from rlagent.models.llama import init_cache
 from rlagent.models.policy import ContextLM
@@ -65,6 +66,10 @@ from rlagent.models.state_encoder import push_window
 from rlagent.models.state_encoder import summary_sequence
 from rlagent.models.state_encoder import window_context
 from rlagent.types import Trajectory
+
+# Teacher-forced scoring cuts the B * S turn rows into this many chunks and computes only
+# those holding a played turn (`rlagent.models.live_rows`).
+_SCORE_CHUNKS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,24 +315,35 @@ def turn_hidden_states(model: ContextLM, traj: Trajectory, *, window: int | None
 
     def episode(obs, progress, action, action_mask):
         summaries = summary_sequence(enc, embed, obs, progress, action, action_mask, window)
+        windows = jax.vmap(lambda s: gather_window(obs, progress, action, action_mask, s, window))(
+            jnp.arange(turns)
+        )
+        return summaries[:turns], windows
 
-        def one_turn(s, summary):
-            win = gather_window(obs, progress, action, action_mask, s, window)
-            x, valid = window_context(enc, embed, summary, win, obs[s], progress[s])
-            x = jnp.concatenate([x, enc.action(embed, action[s]).astype(x.dtype)], axis=0)
-            return x, jnp.concatenate([valid, action_mask[s]], axis=0)
+    summaries, windows = jax.vmap(episode)(obs, progress, action, action_mask)  # [B, S, ...]
+    graphdef, params = nnx.split(model)
 
-        return jax.vmap(one_turn)(jnp.arange(turns), summaries[:turns])
+    def hidden_rows(params, summary, inputs):
+        model = nnx.merge(graphdef, params)
+        enc, embed = model.encoder, model.embed
 
-    x, valid = jax.vmap(episode)(obs, progress, action, action_mask)  # [B, S, C + L, ...]
-    context = x.shape[2] - turn_len
-    read = np.arange(context - 1, context - 1 + turn_len)  # the slots predicting action_s
-    # Rows of turns that were not played are skipped (zeros): nothing reads them.
-    hidden = model.lm.read_live_rows(
-        x.reshape(batch * turns, *x.shape[2:]),
-        valid.reshape(batch * turns, -1),
-        traj.turn_mask.reshape(-1),
-        read=read,
+        def one_turn(summary, win, obs, progress, action, action_mask):
+            x, valid = window_context(enc, embed, summary, win, obs, progress)
+            x = jnp.concatenate([x, enc.action(embed, action).astype(x.dtype)], axis=0)
+            return x, jnp.concatenate([valid, action_mask], axis=0)
+
+        x, valid = jax.vmap(one_turn)(summary, *inputs)
+        context = x.shape[1] - turn_len
+        read = np.arange(context - 1, context - 1 + turn_len)  # the slots predicting action_s
+        return model.lm(x, valid, read=read)[0]
+
+    def rows(x):
+        return x.reshape(batch * turns, *x.shape[2:])
+
+    inputs = jax.tree.map(rows, (windows, obs, progress, action, action_mask))
+    # Each (episode, turn) is one row; rows of turns that were not played are skipped.
+    hidden = live_rows(hidden_rows, _SCORE_CHUNKS)(
+        params, rows(summaries), inputs, traj.turn_mask.reshape(-1)
     )
     return hidden.reshape(batch, turns, turn_len, -1)
 

@@ -15,6 +15,7 @@ from rlagent.models import generate
 from rlagent.models import init_cache
 from rlagent.models import policy_log_probs
 from rlagent.models import sample_token
+from rlagent.models.live_rows import live_rows
 
 VOCAB = 24
 CONFIG = PolicyConfig(
@@ -90,6 +91,37 @@ def test_read_positions_equal_the_full_pass(model):
     read_cached, read_cache = lm(lm.embed(tokens), valid, cache, read=read)
     np.testing.assert_allclose(read_cached, cached[:, read], atol=1e-6)
     chex.assert_trees_all_close(read_cache, full_cache, atol=1e-6)
+
+
+def test_live_rows_equal_the_masked_pass(model):
+    """Only chunks holding live rows are computed; values and gradients equal, vmapped too."""
+    _, graphdef, params = model
+    x = jax.random.normal(jax.random.key(6), (2, 7, 5, CONFIG.d_model))
+    valid = jnp.ones(x.shape[:3], bool).at[:, :, 1].set(False)
+    live = jnp.array([[1, 0, 0, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0, 1]], bool)
+    weights = jax.random.normal(jax.random.key(7), (2, 7, 2, CONFIG.d_model))
+    read = np.array([3, 4])
+
+    def masked(params, x, valid, live, weights):
+        hidden = nnx.merge(graphdef, params)(x, valid, read=read)[0]
+        return jnp.sum(jnp.where(live[:, None, None], hidden, 0.0) * weights)
+
+    def rows(params, x, valid):
+        return nnx.merge(graphdef, params)(x, valid, read=read)[0]
+
+    def packed(params, x, valid, live, weights):
+        return jnp.sum(live_rows(rows, num_chunks=3)(params, x, valid, live) * weights)
+
+    want = jax.vmap(jax.value_and_grad(masked, argnums=(0, 1)), (None, 0, 0, 0, 0))
+    got = jax.vmap(jax.value_and_grad(packed, argnums=(0, 1)), (None, 0, 0, 0, 0))
+    chex.assert_trees_all_close(
+        jax.jit(got)(params, x, valid, live, weights),
+        jax.jit(want)(params, x, valid, live, weights),
+        atol=1e-5,
+    )
+    hidden = live_rows(rows, num_chunks=2)(params, x[0], valid[0], live[0])
+    np.testing.assert_array_equal(hidden[~live[0]], 0.0)
+    np.testing.assert_allclose(hidden[live[0]], rows(params, x[0], valid[0])[live[0]], atol=1e-6)
 
 
 def test_causality(model):
