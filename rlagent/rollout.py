@@ -9,8 +9,9 @@ ended are played against the absorbing terminal state and masked out (`turn_mask
 
 `score = make_score(env, graphdef, config)` recomputes, teacher-forced, the log-probs,
 values and entropies of a trajectory's tokens from the *same* contexts, all turns in
-parallel (one `[B * S, C + L]` forward pass in windowed mode, one `[B, S (O + K + L)]` pass in
-full-context mode); only the summary recurrence is a scan over turns. Gradients flow
+parallel (one `[B * S, C + L]` forward pass over the played turns in windowed mode, one
+`[B, S (O + K + L)]` pass in full-context mode); only the summary recurrence is a scan over
+turns. Gradients flow
 through everything, the summary included.
 
 Context of turn s (see `rlagent.models.state_encoder`), slot by slot:
@@ -286,9 +287,10 @@ def make_score(
 def turn_hidden_states(model: ContextLM, traj: Trajectory, *, window: int | None) -> jax.Array:
     """Final hidden states that predict each action token, all turns in parallel.
 
-    Windowed: contexts of every (episode, turn) are batched into one `[B * S, C + L]`
-    causal pass; the summaries come from a scan over turns (`summary_sequence`). Full: one
-    causal pass over each episode's transcript `[B, S (O + K + L)]`.
+    Windowed: contexts of every (episode, turn) are rows of one `[B * S, C + L]` causal
+    pass, computed only for played turns (`live_rows`); the summaries come from a scan
+    over turns (`summary_sequence`). Full: one causal pass over each episode's transcript
+    `[B, S (O + K + L)]`. Either way the last block runs only at the read positions.
 
     Args:
       model: the actor or critic `ContextLM`.
