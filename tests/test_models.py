@@ -15,6 +15,7 @@ from rlagent.models import generate
 from rlagent.models import init_cache
 from rlagent.models import policy_log_probs
 from rlagent.models import sample_token
+from rlagent.models import visible_observations
 from rlagent.models.live_rows import live_rows
 
 VOCAB = 24
@@ -122,6 +123,16 @@ def test_live_rows_equal_the_masked_pass(model):
     hidden = live_rows(rows, num_chunks=2)(params, x[0], valid[0], live[0])
     np.testing.assert_array_equal(hidden[~live[0]], 0.0)
     np.testing.assert_allclose(hidden[live[0]], rows(params, x[0], valid[0])[live[0]], atol=1e-6)
+
+
+@pytest.mark.parametrize("window", [None, 0, 1, 3, 9])
+def test_visible_observations_by_brute_force(window):
+    observed = (np.random.RandomState(0).rand(2, 6, 5) < 0.3).astype(np.float32)
+    want = np.zeros_like(observed)
+    for s in range(6):
+        first = 0 if window is None else max(0, s - window)
+        want[:, s] = observed[:, first : s + 1].max(axis=1)
+    np.testing.assert_array_equal(visible_observations(jnp.asarray(observed), window), want)
 
 
 def test_causality(model):
