@@ -26,10 +26,11 @@ Context of turn s (see `rlagent.models.state_encoder`), read by one `ContextRead
   full (config.window = None):   [block(0) .. block(s-1) | obs_s | markers_s]
 followed by the L action tokens, with block(t) = [obs_t (O) | markers_t (K) | action_t (L)].
 `WindowedContext` runs every turn on a fresh cache of C + L slots,
-C = M + W (O + K + L) + O + K, independent of the episode length, and scores all
-`[B * S, C + L]` contexts in one pass. `FullContext` keeps one KV cache per episode across
-turns (the transcript is append-only), so a turn attends over S (O + K + L) slots, and
-scores each episode's transcript `[B, S (O + K + L)]` in one pass.
+C = M + W (O + K + L) + O + K, independent of the episode length, and scores the
+`[B * S, C + L]` contexts of played turns in one pass. `FullContext` keeps one KV cache
+per episode across turns (the transcript is append-only), so a turn attends over
+S (O + K + L) slots, and scores each episode's transcript `[B, S (O + K + L)]` in one
+pass. Scoring runs the last block only at the slots that predict action tokens.
 
 Sampling conventions (`rlagent.models.sampler`): log-probs are those of
 pi = softmax(logits / temperature + mask); `mask` always bans PAD (the policy never writes
@@ -55,10 +56,12 @@ from typing import Protocol
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from rlagent.envs import StepType
 from rlagent.envs import dsl
+from rlagent.models.live_rows import live_rows
 from rlagent.models.llama import KVCache
 from rlagent.models.llama import init_cache
 from rlagent.models.policy import ContextLM
@@ -77,6 +80,10 @@ from rlagent.models.state_encoder import push_window
 from rlagent.models.state_encoder import summary_sequence
 from rlagent.models.state_encoder import window_context
 from rlagent.types import Trajectory
+
+# Teacher-forced scoring cuts the B * S turn rows into this many chunks and computes only
+# those holding a played turn (`rlagent.models.live_rows`).
+_SCORE_CHUNKS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -449,7 +456,8 @@ def turn_hidden_states(model: ContextLM, traj: Trajectory, *, window: int | None
       traj: obs_tokens [B, S, O], progress [B, S, K], action_tokens / action_mask [B, S, L].
       window: W turns kept verbatim, None for full context.
     Returns:
-      [B, S, L, D]: entry i of turn s is the state before token i (its logits / value).
+      [B, S, L, D]: entry i of turn s is the state before token i (its logits / value);
+      zeros in turns not played (windowed mode).
     """
     _, turns, obs_len = traj.obs_tokens.shape
     dims = Dims(turns, obs_len, traj.progress.shape[-1], traj.action_tokens.shape[-1])
@@ -500,7 +508,7 @@ class WindowedContext:
     ) -> Prefill:
         x, valid = self._context(model, memory, reader, obs)
         cache = init_cache(model.config, obs.tokens.shape[0], self.context + self.dims.turn_len)
-        hidden, cache = model.lm(x, valid, cache, 0)
+        hidden, cache = model.lm(x, valid, cache, 0, read=np.array([x.shape[1] - 1]))
         return Prefill(hidden[:, -1], cache, jnp.int32(self.context))
 
     def critic_values(self, critic, memory, obs, action, live, turn):
@@ -522,7 +530,13 @@ class WindowedContext:
         return WindowMemory(window, summaries)
 
     def hidden_states(self, model: ContextLM, traj: Trajectory) -> jax.Array:
-        """All `[B * S, C + L]` contexts in one causal pass; summaries from a scan over turns."""
+        """The `[B * S, C + L]` contexts as rows of one causal pass, played turns only.
+
+        Summaries come from a scan over turns (`summary_sequence`); each (episode, turn)
+        row is built and run only when the turn was played (`live_rows`), and the last
+        block runs only at the L slots that predict the action tokens. Rows of turns not
+        played are zeros (`make_score` masks them).
+        """
         obs, progress, action = traj.obs_tokens, traj.progress, traj.action_tokens
         action_mask = traj.loss_mask
         batch, turns, turn_len = action.shape
@@ -530,21 +544,35 @@ class WindowedContext:
 
         def episode(obs, progress, action, action_mask):
             summaries = summary_sequence(enc, embed, obs, progress, action, action_mask, window)
+            windows = jax.vmap(
+                lambda s: gather_window(obs, progress, action, action_mask, s, window)
+            )(jnp.arange(turns))
+            return summaries[:turns], windows
 
-            def one_turn(s, summary):
-                win = gather_window(obs, progress, action, action_mask, s, window)
-                x, valid = window_context(enc, embed, summary, win, obs[s], progress[s])
-                x = jnp.concatenate([x, enc.action(embed, action[s]).astype(x.dtype)], axis=0)
-                return x, jnp.concatenate([valid, action_mask[s]], axis=0)
+        summaries, windows = jax.vmap(episode)(obs, progress, action, action_mask)  # [B, S, ..]
+        graphdef, params = nnx.split(model)
 
-            return jax.vmap(one_turn)(jnp.arange(turns), summaries[:turns])
+        def hidden_rows(params, summary, inputs):
+            model = nnx.merge(graphdef, params)
+            enc, embed = model.encoder, model.embed
 
-        x, valid = jax.vmap(episode)(obs, progress, action, action_mask)  # [B, S, C + L, ...]
-        context = x.shape[2] - turn_len
-        hidden, _ = model.lm(
-            x.reshape(batch * turns, *x.shape[2:]), valid.reshape(batch * turns, -1)
+            def one_turn(summary, win, obs, progress, action, action_mask):
+                x, valid = window_context(enc, embed, summary, win, obs, progress)
+                x = jnp.concatenate([x, enc.action(embed, action).astype(x.dtype)], axis=0)
+                return x, jnp.concatenate([valid, action_mask], axis=0)
+
+            x, valid = jax.vmap(one_turn)(summary, *inputs)
+            context = x.shape[1] - turn_len
+            read = np.arange(context - 1, context - 1 + turn_len)  # slots predicting action_s
+            return model.lm(x, valid, read=read)[0]
+
+        def rows(x):
+            return x.reshape(batch * turns, *x.shape[2:])
+
+        inputs = jax.tree.map(rows, (windows, obs, progress, action, action_mask))
+        hidden = live_rows(hidden_rows, _SCORE_CHUNKS)(
+            params, rows(summaries), inputs, traj.turn_mask.reshape(-1)
         )
-        hidden = hidden[:, context - 1 : context - 1 + turn_len]
         return hidden.reshape(batch, turns, turn_len, -1)
 
     def visible_observations(self, observed: jax.Array) -> jax.Array:
@@ -586,7 +614,9 @@ class FullContext:
         d = self.dims
         x, valid = self._observation(model, obs)
         write = turn * d.block
-        hidden, cache = model.lm(x, valid, memory.caches[reader], write)
+        hidden, cache = model.lm(
+            x, valid, memory.caches[reader], write, read=np.array([x.shape[1] - 1])
+        )
         return Prefill(hidden[:, -1], cache, write + d.obs_len + d.num_markers)
 
     def critic_values(self, critic, memory, obs, action, live, turn):
@@ -606,19 +636,21 @@ class FullContext:
         return memory._replace(caches=tuple(caches))
 
     def hidden_states(self, model: ContextLM, traj: Trajectory) -> jax.Array:
-        """One causal pass over each episode's transcript `[B, S (O + K + L)]`."""
+        """One causal pass over each episode's transcript `[B, S (O + K + L)]`.
+
+        The last block runs only at the slots that predict action tokens.
+        """
         obs, progress, action = traj.obs_tokens, traj.progress, traj.action_tokens
         batch, turns, turn_len = action.shape
         x, valid = jax.vmap(functools.partial(full_context, model.encoder, model.embed))(
             obs, progress, action, traj.loss_mask
         )
-        hidden, _ = model.lm(x, valid)
         block = obs.shape[-1] + progress.shape[-1] + turn_len
         first = obs.shape[-1] + progress.shape[-1] - 1  # slot predicting token 0 of turn 0
-        index = (
-            jnp.arange(turns)[:, None] * block + first + jnp.arange(turn_len)[None, :]
-        ).reshape(-1)
-        return hidden[:, index].reshape(batch, turns, turn_len, -1)
+        index = np.arange(turns)[:, None] * block + first + np.arange(turn_len)[None, :]
+        # The last block runs only at the read slots (keys / values still for all).
+        hidden, _ = model.lm(x, valid, read=index.reshape(-1))
+        return hidden.reshape(batch, turns, turn_len, -1)
 
     def visible_observations(self, observed: jax.Array) -> jax.Array:
         return visible_observations(observed, None)

@@ -2,6 +2,7 @@
 
 import importlib.util
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +15,8 @@ from rlagent.models import generate
 from rlagent.models import init_cache
 from rlagent.models import policy_log_probs
 from rlagent.models import sample_token
+from rlagent.models import visible_observations
+from rlagent.models.live_rows import live_rows
 
 VOCAB = 24
 CONFIG = PolicyConfig(
@@ -64,6 +67,72 @@ def test_cached_and_uncached_logits_equal(model):
     other = tokens.at[0, 2].set((tokens[0, 2] + 1) % VOCAB)
     changed = _teacher_forced(lm, other, valid)
     np.testing.assert_allclose(np.delete(changed[0], 2, 0), np.delete(full[0], 2, 0), atol=1e-6)
+
+
+def test_read_positions_equal_the_full_pass(model):
+    """`read` computes the last block only where it is read: same hidden states, same grads."""
+    lm, graphdef, params = model
+    tokens = jax.random.randint(jax.random.key(4), (3, 9), 1, VOCAB)
+    valid = jnp.ones(tokens.shape, bool).at[1, 3].set(False)
+    read = jnp.array([0, 4, 5, 8])
+
+    def hidden(params, read):
+        lm = nnx.merge(graphdef, params)
+        return lm(lm.embed(tokens), valid, read=read)[0]
+
+    full = hidden(params, None)[:, read]
+    np.testing.assert_allclose(hidden(params, read), full, atol=1e-6)
+    weights = jax.random.normal(jax.random.key(5), full.shape)
+    full_grad = jax.grad(lambda p: jnp.sum(hidden(p, None)[:, read] * weights))(params)
+    read_grad = jax.grad(lambda p: jnp.sum(hidden(p, read) * weights))(params)
+    chex.assert_trees_all_close(read_grad, full_grad, atol=1e-6)
+    # With a cache: the same hidden states at `read`, the same keys and values cached.
+    cache = init_cache(CONFIG, 3, 9)
+    cached, full_cache = lm(lm.embed(tokens), valid, cache)
+    read_cached, read_cache = lm(lm.embed(tokens), valid, cache, read=read)
+    np.testing.assert_allclose(read_cached, cached[:, read], atol=1e-6)
+    chex.assert_trees_all_close(read_cache, full_cache, atol=1e-6)
+
+
+def test_live_rows_equal_the_masked_pass(model):
+    """Only chunks holding live rows are computed; values and gradients equal, vmapped too."""
+    _, graphdef, params = model
+    x = jax.random.normal(jax.random.key(6), (2, 7, 5, CONFIG.d_model))
+    valid = jnp.ones(x.shape[:3], bool).at[:, :, 1].set(False)
+    live = jnp.array([[1, 0, 0, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0, 1]], bool)
+    weights = jax.random.normal(jax.random.key(7), (2, 7, 2, CONFIG.d_model))
+    read = np.array([3, 4])
+
+    def masked(params, x, valid, live, weights):
+        hidden = nnx.merge(graphdef, params)(x, valid, read=read)[0]
+        return jnp.sum(jnp.where(live[:, None, None], hidden, 0.0) * weights)
+
+    def rows(params, x, valid):
+        return nnx.merge(graphdef, params)(x, valid, read=read)[0]
+
+    def packed(params, x, valid, live, weights):
+        return jnp.sum(live_rows(rows, num_chunks=3)(params, x, valid, live) * weights)
+
+    want = jax.vmap(jax.value_and_grad(masked, argnums=(0, 1)), (None, 0, 0, 0, 0))
+    got = jax.vmap(jax.value_and_grad(packed, argnums=(0, 1)), (None, 0, 0, 0, 0))
+    chex.assert_trees_all_close(
+        jax.jit(got)(params, x, valid, live, weights),
+        jax.jit(want)(params, x, valid, live, weights),
+        atol=1e-5,
+    )
+    hidden = live_rows(rows, num_chunks=2)(params, x[0], valid[0], live[0])
+    np.testing.assert_array_equal(hidden[~live[0]], 0.0)
+    np.testing.assert_allclose(hidden[live[0]], rows(params, x[0], valid[0])[live[0]], atol=1e-6)
+
+
+@pytest.mark.parametrize("window", [None, 0, 1, 3, 9])
+def test_visible_observations_by_brute_force(window):
+    observed = (np.random.RandomState(0).rand(2, 6, 5) < 0.3).astype(np.float32)
+    want = np.zeros_like(observed)
+    for s in range(6):
+        first = 0 if window is None else max(0, s - window)
+        want[:, s] = observed[:, first : s + 1].max(axis=1)
+    np.testing.assert_array_equal(visible_observations(jnp.asarray(observed), window), want)
 
 
 def test_causality(model):

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 # Finite "minus infinity" for masked attention scores / logits: keeps every softmax well
@@ -140,16 +141,21 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 
     Args:
       x: [B, T, H, d] queries or keys.
-      positions: [B, T] int32 slot indices.
+      positions: [B, T] or [T] (shared by the batch) int32 slot indices, a jax or NumPy
+        array.
     """
     dim = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, d/2]
-    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, d]
+    # Known positions (a NumPy array) give constant tables: XLA would otherwise recompute
+    # cos and sin inside every fused use, for every element of x.
+    xp = np if isinstance(positions, np.ndarray) else jnp
+    inv_freq = 1.0 / (theta ** (xp.arange(0, dim, 2, dtype=xp.float32) / dim))
+    angles = positions.astype(xp.float32)[..., None] * inv_freq  # [(B,) T, d/2]
+    angles = xp.concatenate([angles, angles], axis=-1)[..., None, :]  # [(B,) T, 1, d]
+    cos, sin = xp.cos(angles).astype(xp.float32), xp.sin(angles).astype(xp.float32)
     x32 = x.astype(jnp.float32)
     first, second = jnp.split(x32, 2, axis=-1)
     rotated = jnp.concatenate([-second, first], axis=-1)
-    return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+    return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
 class Attention(nnx.Module):
@@ -180,28 +186,35 @@ class Attention(nnx.Module):
         key_slots: jax.Array,
         key_valid: jax.Array,
         write_index: jax.Array | int,
+        read: jax.Array | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """Attends a chunk of queries to the chunk (no cache) or to the whole cache.
 
         Args:
           x: [B, T, D] normed inputs of the chunk.
-          slots: [B, T] slot of each input (RoPE position, causal order).
+          slots: [T] slot of each input (RoPE position, causal order), the same in
+            every row.
           keys: (k, v, layer) with the cache of all layers, each
             [num_layers, B, H_kv, d, T_max] and [num_layers, B, H_kv, T_max, d], and this
             layer's index; or None.
           key_slots: [T_k] slots of the keys attended to (T_k = T_max or T).
           key_valid: [B, T_k] bool keys that may be attended to.
           write_index: first cache slot of the chunk (ignored without cache).
+          read: optional [R] positions of the chunk that ask queries (keys and values
+            still come from every position); None = all T.
         Returns:
-          [B, T, D] output and the cache (k, v) with the chunk written in (without cache,
-          the chunk's own keys and values).
+          [B, T, D] output (or [B, R, D] at `read`) and the cache (k, v) with the chunk
+          written in (without cache, the chunk's own keys and values).
         """
         batch, length, _ = x.shape
-        q = self.q_proj(x).reshape(batch, length, self.num_heads, self.head_dim)
         k = self.k_proj(x).reshape(batch, length, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(batch, length, self.num_kv_heads, self.head_dim)
-        q = rope(q, slots, self.rope_theta)
         k = rope(k, slots, self.rope_theta).transpose(0, 2, 3, 1)  # [B, H_kv, d, T]
+        if read is not None:
+            x, slots = x[:, read], slots[read]
+            length = x.shape[1]
+        q = self.q_proj(x).reshape(batch, length, self.num_heads, self.head_dim)
+        q = rope(q, slots, self.rope_theta)
         v = v.transpose(0, 2, 1, 3)  # [B, H_kv, T, d]
         new_keys = (k, v)
         if keys is not None:
@@ -218,7 +231,7 @@ class Attention(nnx.Module):
         scores = jnp.einsum("bkqd,bkds->bkqs", q, k, preferred_element_type=jnp.float32)
         scores = scores.reshape(batch, self.num_kv_heads, groups, length, -1)
         scores = scores / jnp.sqrt(jnp.float32(self.head_dim))
-        allowed = (key_slots[None, None, :] <= slots[:, :, None]) & key_valid[:, None, :]
+        allowed = (key_slots[None, None, :] <= slots[None, :, None]) & key_valid[:, None, :]
         scores = jnp.where(allowed[:, None, None], scores, NEG_INF)
         weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
         weights = weights.reshape(batch, self.num_kv_heads, groups * length, -1)
@@ -256,11 +269,12 @@ class DecoderLayer(nnx.Module):
         self.post_attention_layernorm = RMSNorm(config.d_model, config.norm_eps, pdt)
         self.mlp = MLP(config, rngs=rngs)
 
-    def __call__(self, x, slots, keys, key_slots, key_valid, write_index):
+    def __call__(self, x, slots, keys, key_slots, key_valid, write_index, read=None):
+        """[B, T, D] -> [B, T, D], or [B, R, D] at positions `read [R]` only."""
         attn, keys = self.self_attn(
-            self.input_layernorm(x), slots, keys, key_slots, key_valid, write_index
+            self.input_layernorm(x), slots, keys, key_slots, key_valid, write_index, read
         )
-        h = x + attn
+        h = (x if read is None else x[:, read]) + attn
         return h + self.mlp(self.post_attention_layernorm(h)), keys
 
 
@@ -313,6 +327,7 @@ class Llama(nnx.Module):
         key_valid: jax.Array,
         cache: KVCache | None = None,
         write_index: jax.Array | int = 0,
+        read: jax.Array | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """Runs the trunk on a chunk of input embeddings.
 
@@ -326,8 +341,16 @@ class Llama(nnx.Module):
           key_valid: [B, T] bool: the inputs that later (and equal) slots may attend to.
           cache: optional KVCache of T_max >= write_index + T slots.
           write_index: int32 scalar, first slot of the chunk (may be traced).
+          read: optional [R] int positions of the chunk (the same in every row; a NumPy
+            array keeps their RoPE tables constant) whose hidden states are returned. The
+            last block then computes its queries, attention output and MLP only there
+            (keys and values at every position, as they feed the read queries), so
+            teacher-forced scoring (or a prefill that reads one position) pays the last
+            block for the R positions it reads rather than all T. The cache still gets
+            the keys and values of every position.
         Returns:
-          hidden: [B, T, D] final-normed hidden states; the updated cache (or None).
+          hidden: [B, T, D] final-normed hidden states ([B, R, D] with `read`); the
+          updated cache (or None).
         """
         chex.assert_rank(x, 3)
         chex.assert_rank(key_valid, 2)
@@ -335,9 +358,9 @@ class Llama(nnx.Module):
         batch, length, _ = x.shape
         if x.shape[-1] != self.config.d_model:
             raise ValueError(f"x has width {x.shape[-1]}, expected d_model={self.config.d_model}")
-        slots = jnp.broadcast_to(
-            write_index + jnp.arange(length, dtype=jnp.int32)[None], (batch, length)
-        )
+        # Static slots (a NumPy array) when the write index is known at trace time.
+        xp = np if isinstance(write_index, int) else jnp
+        slots = write_index + xp.arange(length, dtype=xp.int32)
         if cache is None:
             key_slots = jnp.arange(length, dtype=jnp.int32)
             all_valid = key_valid
@@ -346,12 +369,18 @@ class Llama(nnx.Module):
                 raise ValueError(f"cache has {cache.v.shape[3]} slots, chunk needs {length}")
             key_slots = jnp.arange(cache.v.shape[3], dtype=jnp.int32)
             all_valid = jax.lax.dynamic_update_slice(cache.valid, key_valid, (0, write_index))
+        if read is not None:
+            chex.assert_rank(read, 1)
+        last = len(self.layers) - 1
         cache_k, cache_v = (None, None) if cache is None else (cache.k, cache.v)
         for i, layer in enumerate(self.layers):
             layer_keys = None if cache is None else (cache_k, cache_v, i)
-            x, (k, v) = layer(x, slots, layer_keys, key_slots, all_valid, write_index)
+            layer_read = read if i == last else None
+            x, (k, v) = layer(x, slots, layer_keys, key_slots, all_valid, write_index, layer_read)
             if cache is not None:
                 cache_k, cache_v = k, v
+        if read is not None and not self.layers:
+            x = x[:, read]
         hidden = self.norm(x)
         if cache is None:
             return hidden, None

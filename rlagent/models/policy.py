@@ -83,12 +83,14 @@ def visible_observations(observed: jax.Array, window: int | None) -> jax.Array:
     turns when `window` is None, full context): the copy gate may point at any of them,
     e.g. at an address the user gave before the agent looked the order up.
     """
-    turns = observed.shape[1]
-    t = jnp.arange(turns)
-    visible = t[None, :] <= t[:, None]  # [s, t]
-    if window is not None:
-        visible &= t[None, :] >= t[:, None] - window
-    return jnp.max(observed[:, None, :, :] * visible[None, :, :, None], axis=2)
+    if window is None:
+        return jax.lax.cummax(observed, axis=1)
+    # A running max over the W + 1 shifted copies, not a [B, S, S, V] masked max.
+    visible = observed
+    for shift in range(1, min(window, observed.shape[1] - 1) + 1):
+        earlier = jnp.pad(observed[:, :-shift], ((0, 0), (shift, 0), (0, 0)))
+        visible = jnp.maximum(visible, earlier)
+    return visible
 
 
 class Policy(nnx.Module):

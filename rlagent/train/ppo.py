@@ -96,7 +96,9 @@ def make_train(
     )
     optimizer = _make_optimizer(config)
     batch_size = config.batch_size
-    needs_ref = config.kl_placement != "none"
+    # The frozen reference costs a teacher-forced pass per update: skipped when nothing
+    # reads it (then `kl_to_ref` and `kl_loss` are not measured and not reported).
+    needs_ref = _needs_reference(config)
     default_weights = reward_weights(config)
 
     shard = _sharder(mesh, data_axis)
@@ -161,7 +163,6 @@ def make_train(
         metrics = {
             **episode_metrics(trajectory),
             **stats,
-            "kl_to_ref": kl_now,
             "kl_coef": state.kl_coef,
             "train_return": jnp.mean(jnp.sum(rewards, axis=1)),
         }
@@ -178,6 +179,8 @@ def make_train(
                     state.step,
                 )
             )
+        if needs_ref:
+            metrics["kl_to_ref"] = kl_now
         new_state = state._replace(
             params=params, opt_state=opt_state, kl_coef=kl_coef, key=key, step=state.step + 1
         )
@@ -290,7 +293,7 @@ def _ppo_loss(
         )
         total = total + config.value_coef * value_loss
         stats["value_loss"] = value_loss
-    if config.kl_placement == "loss":
+    if _needs_reference(config) and config.kl_placement == "loss":
         kl = losses.kl_penalty(
             action_rows(logp), action_rows(minibatch.ref_logp), kind=config.kl_kind
         )
@@ -298,6 +301,11 @@ def _ppo_loss(
         total = total + kl_coef * kl_loss
         stats["kl_loss"] = kl_loss
     return total, stats
+
+
+def _needs_reference(config: TrainConfig) -> bool:
+    """Whether a KL term reads the frozen reference policy's log-probs."""
+    return config.kl_placement != "none" and (config.kl_coef != 0 or config.kl_target is not None)
 
 
 def episode_metrics(trajectory: Trajectory) -> Metrics:

@@ -1,0 +1,211 @@
+r"""Benchmark: end-to-end PPO training throughput of the main experiment's configuration.
+
+Times `jit(vmap(trainer.update))` of experiments/configs/sparse_vs_dense.py (by default
+4 reward conditions x 5 seeds = 20 runs of 64 episodes each) at 1, 4 and 20 vmapped runs,
+on compiled programs after warm-up (fastest of repeated updates, medians kept beside; the
+CPU may be shared). Keys:
+
+* `env_turns_per_sec`: environment turns of experience per second at the largest run
+  count (20), the number `metrics.csv` reports as `turns_per_sec`.
+* `update_ms`, `compile_s`: one update of all runs (fastest), and the first call minus it;
+  `by_runs` adds `update_cpu_ms`, the process CPU time of that update (all threads), which
+  other jobs on a shared CPU disturb less than the wall time.
+* `breakdown_ms` of one update: `rollout` (sampling + environment, `trainer.rollout`
+  vmapped), `reference` (the frozen policy's log-probs: update time with the configured
+  KL minus update time with `kl_placement='none'`, the two timed alternately; 0 when the
+  trainer skips the pass), `advantages` (the advantage estimator alone) and `ppo` (the
+  rest: rewards, epochs of teacher-forced score, loss, backward and AdamW).
+* `live_slot_fraction`: played turns / turn slots (B x S per run) of the timed rollouts.
+* `by_runs`: the same per run count.
+* `first_update_metrics`: every metric of the first update from `trainer.init` at the
+  largest run count, one value per run (to compare two versions of the trainer).
+
+It only uses public functions that have long existed (`make_train`, `trainer.update`,
+`trainer.rollout`, `RunnerState`), so it can time an older checkout side by side:
+
+  python -m experiments.bench_train --json_out=/tmp/bench_train.json
+  cd OTHER && PYTHONPATH=$PWD python /path/to/experiments/bench_train.py --json_out=...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from rlagent.train import experiment
+from rlagent.train.ppo import make_train
+from rlagent.train.rewards import reward_weights
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(os.path.dirname(__file__), "configs", "sparse_vs_dense.py")
+)
+_JSON_OUT = flags.DEFINE_string("json_out", None, "Where to write the JSON results.")
+_RUNS = flags.DEFINE_list("runs", ["1", "4", "20"], "Vmapped run counts to time.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed updates per compiled program.")
+
+
+def main(argv):
+    del argv
+    config = _CONFIG.value
+    setup = experiment.build(config)
+    seeds = range(config.first_seed, config.first_seed + config.seeds)
+    conditions = [name.strip() for name in config.conditions.split(",") if name.strip()]
+    runs = [(condition, seed) for condition in conditions for seed in seeds]
+    counts = sorted(int(n) for n in _RUNS.value)
+    if counts[-1] > len(runs):
+        raise ValueError(f"--runs asks for {counts[-1]} runs, the config has {len(runs)}")
+    trainer = make_train(setup.train_config, setup.env, setup.policy_config, setup.rollout_config)
+    results = {
+        "device": str(jax.devices()[0]),
+        "runs": len(runs),
+        "episodes_per_run": setup.train_config.batch_size,
+        "turn_slots_per_run": setup.train_config.batch_size * setup.env.max_turns,
+        "by_runs": {},
+    }
+    for count in counts:
+        state = _init(trainer, setup.train_config, runs[:count])
+        row = _time_update(trainer, state)
+        row["env_turns_per_sec"] = row["env_turns"] / row["update_ms"] * 1e3
+        first_metrics = row.pop("first_update_metrics")
+        results["by_runs"][count] = row
+        print(
+            f"runs={count:3d}: update {row['update_ms']:8.1f} ms, "
+            f"{row['env_turns_per_sec']:8.1f} env turns/s, compile {row['compile_s']:.1f} s"
+        )
+    top = results["by_runs"][counts[-1]]
+    state = _init(trainer, setup.train_config, runs[: counts[-1]])
+    results.update(
+        env_turns_per_sec=top["env_turns_per_sec"],
+        update_ms=top["update_ms"],
+        compile_s=top["compile_s"],
+        live_slot_fraction=top["live_slot_fraction"],
+        breakdown_ms=_breakdown(trainer, state, setup, top["update_ms"]),
+        first_update_metrics=first_metrics,
+    )
+    print(json.dumps({k: v for k, v in results.items() if k != "first_update_metrics"}, indent=2))
+    if _JSON_OUT.value:
+        with open(_JSON_OUT.value, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+def _init(trainer, train_config, runs):
+    keys = jnp.stack([jax.random.PRNGKey(seed) for _, seed in runs])
+    weights = jnp.stack([reward_weights(train_config, condition) for condition, _ in runs])
+    return jax.jit(jax.vmap(trainer.init))(keys, weights)
+
+
+def _time_update(trainer, state) -> dict:
+    """Times one update of every run; the first call (compile + run) is not counted."""
+    update = jax.jit(jax.vmap(trainer.update))
+    start = time.perf_counter()
+    state, metrics = jax.block_until_ready(update(state))
+    first = time.perf_counter() - start
+    first_metrics = {name: np.asarray(value).tolist() for name, value in metrics.items()}
+    times, cpu_times, turns = [], [], []
+    for _ in range(_REPEATS.value):
+        start, cpu_start = time.perf_counter(), time.process_time()
+        state, metrics = jax.block_until_ready(update(state))
+        times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - cpu_start)
+        turns.append(float(np.sum(metrics["env_turns"])))
+    fastest = int(np.argmin(times))
+    trajectory = jax.jit(jax.vmap(trainer.rollout))(state.params, *_rollout_keys(state))
+    return dict(
+        update_ms=1e3 * times[fastest],
+        update_ms_median=1e3 * statistics.median(times),
+        update_cpu_ms=1e3 * cpu_times[fastest],
+        compile_s=first - times[fastest],
+        env_turns=turns[fastest],
+        live_slot_fraction=float(jnp.mean(trajectory.turn_mask)),
+        first_update_metrics=first_metrics,
+    )
+
+
+def _breakdown(trainer, state, setup, update_ms: float) -> dict:
+    """Milliseconds of the parts of one update of every run (see the module docstring)."""
+    config = setup.train_config
+    rollout = jax.jit(jax.vmap(trainer.rollout))
+    rollout_ms, trajectory = _best_ms(rollout, state.params, *_rollout_keys(state))
+    if config.kl_placement == "none":
+        reference_ms = 0.0
+    else:
+        no_kl = dataclasses.replace(config, kl_placement="none", kl_target=None)
+        no_kl_trainer = make_train(no_kl, setup.env, setup.policy_config, setup.rollout_config)
+        # Interleaved, so that a load change on a shared CPU hits both programs alike.
+        with_kl_ms, no_kl_ms = _best_ms_interleaved(
+            [jax.jit(jax.vmap(trainer.update)), jax.jit(jax.vmap(no_kl_trainer.update))], state
+        )
+        reference_ms = max(0.0, with_kl_ms - no_kl_ms)
+    estimate = _estimator()
+
+    def advantages(trajectory):
+        rewards = jnp.zeros(trajectory.turn_mask.shape, jnp.float32)
+        kl_reward = jnp.zeros(trajectory.logp.shape, jnp.float32)
+        return estimate(trajectory, rewards, kl_reward, config)
+
+    advantages_ms, _ = _best_ms(jax.jit(jax.vmap(advantages)), trajectory)
+    return dict(
+        rollout=rollout_ms,
+        reference=reference_ms,
+        advantages=advantages_ms,
+        ppo=max(0.0, update_ms - rollout_ms - reference_ms - advantages_ms),
+    )
+
+
+def _estimator():
+    """`estimate_advantages(trajectory, rewards, kl_reward, config)` wherever it lives."""
+    try:
+        from rlagent.train.estimators import estimate_advantages
+    except ImportError:
+        from rlagent.train.ppo import estimate_advantages
+    return estimate_advantages
+
+
+def _rollout_keys(state):
+    """The env / policy keys of an update's rollout (as `trainer.update` derives them)."""
+    config = _CONFIG.value.train
+
+    def keys(key):
+        _, env_key, policy_key, _ = jax.random.split(key, 4)
+        env_keys = jnp.repeat(jax.random.split(env_key, config.num_groups), config.group_size, 0)
+        return env_keys, jax.random.split(policy_key, config.num_groups * config.group_size)
+
+    return jax.vmap(keys)(state.key)
+
+
+def _best_ms_interleaved(fns, *args) -> list[float]:
+    """Fastest of `repeats` calls of each function (after a warm-up call), alternating."""
+    times = [[] for _ in fns]
+    for fn in fns:
+        jax.block_until_ready(fn(*args))
+    for _ in range(_REPEATS.value):
+        for fn, fn_times in zip(fns, times, strict=True):
+            start = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            fn_times.append(time.perf_counter() - start)
+    return [1e3 * min(fn_times) for fn_times in times]
+
+
+def _best_ms(fn, *args):
+    """(fastest of `repeats` calls after a warm-up call, in ms; the last result)."""
+    out = jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(_REPEATS.value):
+        start = time.perf_counter()
+        out = jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return 1e3 * min(times), out
+
+
+if __name__ == "__main__":
+    app.run(main)

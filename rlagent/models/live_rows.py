@@ -1,0 +1,120 @@
+"""Row-wise functions evaluated only on live rows, in static chunks, differentiably.
+
+Teacher-forced scoring runs one row per (episode, turn), and most turn slots belong to
+episodes that already ended (about 60% in the main experiment): their rows are read by
+nobody. `live_rows(fn, num_chunks)` sorts the live rows first, cuts the rows into
+`num_chunks` chunks of static size and runs `fn` with a `lax.while_loop` over the chunks
+that hold a live row only, in the forward and in the backward pass (a custom VJP, as
+`while_loop` has no reverse-mode rule). Shapes stay static, so the trainer remains one
+compiled program.
+
+Under `vmap` (runs trained side by side) a `while_loop` runs until the member that needs
+most chunks is done, the others idling through `select`: the work follows the largest
+number of live rows in the batch of runs, not B x S. A data-dependent `lax.cond` would
+save nothing there (it becomes a `select` of both branches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+
+
+def live_rows(
+    fn: Callable[[Any, Any, Any], jax.Array], num_chunks: int
+) -> Callable[[Any, Any, Any, jax.Array], jax.Array]:
+    """Wraps `fn(params, x, aux) -> [n, ...]` (rows independent) to skip dead rows.
+
+    Returns `apply(params, x, aux, live) -> [N, ...]`: `fn`'s rows where `live [N]`,
+    zeros elsewhere; differentiable in `params` and in `x` (a pytree of [N, ...] arrays),
+    with the gradients of a plain `jnp.where(live, fn(params, x, aux), 0)`. `aux` is a
+    pytree of [N, ...] arrays that are not differentiated (tokens, masks).
+    """
+
+    def forward(params, x, aux, live):
+        chex.assert_rank(live, 1)
+        order, count, chunk = _plan(live, num_chunks)
+        packed_x, packed_aux = _pack((x, aux), order, chunk * num_chunks)
+        first = _rows((packed_x, packed_aux), 0, chunk)
+        shape = jax.eval_shape(fn, params, *first)
+        out = jnp.zeros((chunk * num_chunks, *shape.shape[1:]), shape.dtype)
+
+        def body(carry):
+            i, out = carry
+            start = i * chunk
+            rows = fn(params, *_rows((packed_x, packed_aux), start, chunk))
+            return i + 1, jax.lax.dynamic_update_slice_in_dim(out, rows, start, 0)
+
+        _, out = jax.lax.while_loop(lambda c: c[0] < count, body, (jnp.int32(0), out))
+        result = _unpack(out, order, live)
+        return result, (params, packed_x, packed_aux, live, order, count)
+
+    def backward(residuals, grad):
+        params, packed_x, packed_aux, live, order, count = residuals
+        chunk = _chunk_size(live.shape[0], num_chunks)
+        packed_grad = _pack(_mask(grad, live), order, chunk * num_chunks)
+
+        def body(carry):
+            i, grad_params, grad_x = carry
+            start = i * chunk
+            x, aux = _rows((packed_x, packed_aux), start, chunk)
+            _, vjp = jax.vjp(lambda p, x: fn(p, x, aux), params, x)
+            chunk_params, chunk_x = vjp(_rows(packed_grad, start, chunk))
+            grad_params = jax.tree.map(jnp.add, grad_params, chunk_params)
+            grad_x = jax.tree.map(
+                lambda g, c: jax.lax.dynamic_update_slice_in_dim(g, c, start, 0), grad_x, chunk_x
+            )
+            return i + 1, grad_params, grad_x
+
+        zeros = jax.tree.map(jnp.zeros_like, (params, packed_x))
+        _, grad_params, grad_x = jax.lax.while_loop(
+            lambda c: c[0] < count, body, (jnp.int32(0), *zeros)
+        )
+        inverse = jnp.argsort(order)
+        grad_x = jax.tree.map(lambda g: g[: live.shape[0]][inverse], grad_x)
+        return grad_params, grad_x, None, None
+
+    @jax.custom_vjp
+    def apply(params, x, aux, live):
+        return forward(params, x, aux, live)[0]
+
+    apply.defvjp(forward, backward)
+    return apply
+
+
+def _plan(live: jax.Array, num_chunks: int) -> tuple[jax.Array, jax.Array, int]:
+    """(row order with live rows first, number of chunks to run, static chunk size)."""
+    chunk = _chunk_size(live.shape[0], num_chunks)
+    order = jnp.argsort(~live, stable=True)
+    count = (jnp.sum(live, dtype=jnp.int32) + chunk - 1) // chunk
+    return order, count, chunk
+
+
+def _chunk_size(rows: int, num_chunks: int) -> int:
+    return -(-rows // num_chunks)
+
+
+def _pack(tree: Any, order: jax.Array, size: int) -> Any:
+    """Rows in `order`, zero-padded to `size` rows."""
+
+    def pack(x):
+        pad = [(0, size - x.shape[0])] + [(0, 0)] * (x.ndim - 1)
+        return jnp.pad(x[order], pad)
+
+    return jax.tree.map(pack, tree)
+
+
+def _unpack(packed: jax.Array, order: jax.Array, live: jax.Array) -> jax.Array:
+    return _mask(packed[: live.shape[0]][jnp.argsort(order)], live)
+
+
+def _mask(x: jax.Array, live: jax.Array) -> jax.Array:
+    return jnp.where(live.reshape(-1, *([1] * (x.ndim - 1))), x, 0)
+
+
+def _rows(tree: Any, start: jax.Array | int, size: int) -> Any:
+    return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, start, size, 0), tree)
