@@ -48,6 +48,7 @@ import jax
 import jax.numpy as jnp
 
 from rlagent.envs import State
+from rlagent.envs import StepType
 from rlagent.envs import TimeStep
 from rlagent.envs import ToolWorld
 from rlagent.envs import oracle_policy
@@ -76,6 +77,7 @@ class TurnSignals(NamedTuple):
     verdict: jax.Array  # [..., S] float32: oracle process verdict (+1 / 0 / -1).
     efficiency: jax.Array  # [..., S] float32: -1 on turns past the shortest plan.
     violations: jax.Array  # [..., S] int32: guardrail rules broken by the turn.
+    done: jax.Array  # [..., S] bool: the episode terminated at turn s.
 
 
 class MCValues(NamedTuple):
@@ -102,6 +104,7 @@ def trajectory_signals(trajectory: Trajectory) -> TurnSignals:
         verdict=trajectory.verdict,
         efficiency=trajectory.efficiency,
         violations=trajectory.violations,
+        done=trajectory.done,
     )
 
 
@@ -114,6 +117,7 @@ def timestep_signals(timestep: TimeStep, played: jax.Array) -> TurnSignals:
         verdict=jnp.where(played, signals.verdict.astype(jnp.float32), 0.0),
         efficiency=jnp.where(played, signals.efficiency.astype(jnp.float32), 0.0),
         violations=jnp.where(played, signals.violations.astype(jnp.int32), 0),
+        done=played & (timestep.step_type == StepType.LAST) & (timestep.discount == 0),
     )
 
 
@@ -377,7 +381,12 @@ def mc_values(
 def _no_turns(size: int, num_turns: int) -> TurnSignals:
     zeros = jnp.zeros((size, num_turns), jnp.float32)
     return TurnSignals(
-        jnp.zeros((size, num_turns), bool), zeros, zeros, zeros, zeros.astype(jnp.int32)
+        jnp.zeros((size, num_turns), bool),
+        zeros,
+        zeros,
+        zeros,
+        zeros.astype(jnp.int32),
+        jnp.zeros((size, num_turns), bool),
     )
 
 

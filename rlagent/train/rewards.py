@@ -68,9 +68,11 @@ def reward_components(trajectory: Trajectory, config: TrainConfig) -> jax.Array:
     # A truncated row that the estimator bootstraps from V(s_S) ends in a non-terminal
     # state whose potential is that of every step taken; otherwise the episode's end is
     # terminal (Phi = 0) and the shaping telescopes to -Phi_0.
-    truncated = turn_mask[:, -1] & ~trajectory.done[:, -1]
-    steps_total = POTENTIAL_SCALE * jnp.sum(verdict > 0, axis=1).astype(jnp.float32)
-    final_potential = jnp.where(truncated & config.bootstrap_truncated, steps_total, 0.0)
+    final_potential = None
+    if config.bootstrap_truncated:
+        truncated = turn_mask[:, -1] & ~trajectory.done[:, -1]
+        steps_total = POTENTIAL_SCALE * jnp.sum(verdict > 0, axis=1).astype(jnp.float32)
+        final_potential = jnp.where(truncated, steps_total, 0.0)
     components = (
         trajectory.outcome,
         verdict,
