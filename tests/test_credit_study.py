@@ -21,7 +21,14 @@ def test_tiny_study_writes_its_outputs(tmp_path):
     config.group_size = 2
     config.num_samples = 4
     study.run(config, str(tmp_path))
-    for name in ("credit.csv", "credit_vs_horizon.png", "summary.md", "summary.json"):
+    for name in (
+        "credit.csv",
+        "credit_vs_horizon.png",
+        "auroc_vs_horizon.png",
+        "summary.md",
+        "summary.json",
+        "provenance.json",
+    ):
         assert os.path.getsize(tmp_path / name) > 0
     with open(tmp_path / "credit.csv") as f:
         rows = list(csv.DictReader(f))

@@ -52,6 +52,7 @@ from rlagent.models import PolicyConfig
 from rlagent.rollout import RolloutConfig
 from rlagent.rollout import make_rollout
 from rlagent.train import make_train
+from rlagent.train import provenance
 from rlagent.train import stats
 from rlagent.train.config import TrainConfig
 from rlagent.train.rewards import reward_weights
@@ -63,7 +64,8 @@ METRICS = tuple(accuracy.CreditAccuracy._fields)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-    """Runs the study; writes credit.csv, credit_vs_horizon.png, summary.md, summary.json."""
+    """Runs the study; writes credit.csv, credit_vs_horizon.png (Spearman),
+    auroc_vs_horizon.png, summary.md, summary.json and provenance.json."""
     os.makedirs(workdir, exist_ok=True)
     base = TrainConfig.from_mapping(
         {**config.train, "num_groups": config.num_groups, "group_size": config.group_size}
@@ -98,7 +100,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     writer.clear()
     writer.write(rows)
     plot(rows, os.path.join(workdir, "credit_vs_horizon.png"))
+    plot(rows, os.path.join(workdir, "auroc_vs_horizon.png"), metric="auroc_verdict")
     summary = summarize(rows)
+    provenance.write(
+        workdir,
+        provenance.collect(config.to_dict(), wall_s=time.time() - start, rows=len(rows)),
+    )
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     table = markdown(summary)
@@ -331,13 +338,18 @@ def markdown(summary: Mapping[str, Any], metric: str = "spearman") -> str:
 
 
 def plot(rows: Sequence[Mapping[str, Any]], path: str, metric: str = "spearman") -> None:
-    """Accuracy vs horizon, one line per estimator (95% CI over seeds): reward x policy grid."""
+    """Accuracy vs horizon, one line per estimator (95% CI over seeds): reward x policy grid.
+
+    Bands are Student-t 95% intervals of the mean over seeds, clipped to the metric's
+    range (correlations [-1, 1], AUROC and sign agreement [0, 1]).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     summary = summarize(rows)
+    limits = (-1.0, 1.0) if metric in ("spearman", "pearson") else (0.0, 1.0)
     rewards = list(summary)
     policies = list(next(iter(summary.values())))
     fig, axes = plt.subplots(
@@ -360,7 +372,9 @@ def plot(rows: Sequence[Mapping[str, Any]], path: str, metric: str = "spearman")
                 mean = np.array([s["mean"] for _, s in points])
                 ci = np.array([s["ci95"] for _, s in points])
                 (line,) = ax.plot(x, mean, marker="o", markersize=3, label=estimator)
-                ax.fill_between(x, mean - ci, mean + ci, alpha=0.15, color=line.get_color())
+                low, high = np.clip(mean - ci, *limits), np.clip(mean + ci, *limits)
+                ax.fill_between(x, low, high, alpha=0.15, color=line.get_color())
+            ax.set_ylim(limits[0] - 0.05, limits[1] + 0.05)
             ax.set_title(f"{reward} / {policy}", fontsize=9)
             ax.grid(alpha=0.3)
             if i == len(rewards) - 1:
