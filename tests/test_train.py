@@ -21,7 +21,10 @@ from rlagent.rollout import RolloutConfig
 from rlagent.train import TrainConfig
 from rlagent.train import loop
 
-ENV = ToolWorld(ToolWorldConfig(level=1))
+# The smoke test's seeded budget was set under the first ('legacy') verdict; with the
+# 'clean' default, seed 0 ends at about 0.5 success after 50 updates (0.93 with
+# normalize_returns): a finding of the reward-scale study, not a trainer regression.
+ENV = ToolWorld(ToolWorldConfig(level=1, verdict="legacy"))
 POLICY = PolicyConfig(
     vocab_size=dsl.VOCAB_SIZE,
     d_model=32,
@@ -35,7 +38,7 @@ POLICY = PolicyConfig(
 )
 ROLLOUT = RolloutConfig(window=1, constrained=True)
 # The learning budget of the smoke test: 50 updates of 128 episodes (about 15,000 turns).
-# Seed 0 learns; on some seeds (1 of the 3 tried) the dense verdicts trap the policy in
+# Seed 0 learns; on some seeds (1 of the 3 tried) the legacy verdicts trap the policy in
 # "close the task with any answer, then BYE" (return 0 beats the -1 of every failed call).
 SMOKE = TrainConfig(num_updates=50, num_groups=16, group_size=8, reward="process",
                     learning_rate=1e-3)  # fmt: skip
