@@ -91,7 +91,7 @@ class ToolWorldConfig:
     turn_len: int = 6  # L action tokens per turn (>= 5, the longest command).
     obs_len: int = 8  # O observation tokens (>= 7, the lookup return).
     guardrail: str = "off"  # 'off' | 'penalise' | 'mask' (see rlagent.envs.guardrail).
-    penalty: float = 1.0  # reward of a penalised violation is -penalty (finite, >= 0).
+    penalty: float = 1.0  # reward of a blocked call, however many rules it breaks: -penalty.
     refund_limit: int = 2  # largest amount bucket (AMT_0..AMT_3) refundable, 0..2.
     # Process verdict (module docstring): a preset, and its three values (None: preset's).
     verdict: str = "clean"  # 'clean' | 'legacy' (VERDICT_PRESETS).
