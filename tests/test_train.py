@@ -54,8 +54,9 @@ def test_dense_process_reward_solves_level_1(tmp_path):
 
 
 def test_resume_continues_exactly(tmp_path):
+    # normalize_returns: the running return statistics are checkpointed state too.
     config = TrainConfig(num_updates=2, num_groups=2, group_size=2, num_minibatches=1,
-                         reward="process")  # fmt: skip
+                         reward="process", normalize_returns=True)  # fmt: skip
     kwargs = dict(seeds=[0, 1], conditions=["process", "outcome"], chunk_size=1,
                   progress=False, tensorboard=False)  # fmt: skip
     straight = loop.run(config, ENV, POLICY, ROLLOUT, workdir=str(tmp_path / "a"), **kwargs)
@@ -70,6 +71,7 @@ def test_resume_continues_exactly(tmp_path):
         return [{k: v for k, v in row.items() if k != "turns_per_sec"} for row in rows]
 
     assert strip(resumed) == strip(straight)
+    assert all(np.isfinite(row["return_std"]) for row in straight)
     on_disk = (tmp_path / "b" / "metrics.csv").read_text().splitlines()
     assert len(on_disk) == 1 + 8
 
