@@ -26,7 +26,7 @@ class Trajectory(NamedTuple):
     values: jax.Array  # [B, S, L] float32: value estimate at each action token.
     turn_mask: jax.Array  # [B, S] bool: turn s was played.
     outcome: jax.Array  # [B, S] float32: outcome (1 solved, else 0) on the final turn, else 0.
-    verdict: jax.Array  # [B, S] float32: oracle process verdict of turn s (+1 / 0 / -1).
+    verdict: jax.Array  # [B, S] float32: oracle process verdict of turn s (rlagent.envs).
     efficiency: jax.Array  # [B, S] float32: efficiency reward of turn s (<= 0 past the plan).
     violations: jax.Array  # [B, S] int32: guardrail rules broken by turn s.
     done: jax.Array  # [B, S] bool: the episode terminated at turn s (discount 0 after it).

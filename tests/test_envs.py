@@ -125,6 +125,58 @@ def test_config_validation_names_the_field():
         env.step(env.reset(jax.random.PRNGKey(0))[0], jnp.zeros((env.turn_len + 1,), jnp.int32))
 
 
+def test_verdict_presets_fill_the_values():
+    assert ToolWorldConfig().verdict == "clean"
+    clean = ToolWorldConfig()
+    legacy = ToolWorldConfig(verdict="legacy", verdict_wrong_final=-3)
+    assert (clean.verdict_bye_failed, clean.verdict_wrong_final) == (0.0, -2.0)
+    assert clean.verdict_unneeded_lookup == 0.0
+    assert (legacy.verdict_bye_failed, legacy.verdict_unneeded_lookup) == (1.0, 1.0)
+    assert legacy.verdict_wrong_final == -3.0  # a value given overrides the preset.
+    with pytest.raises(ValueError, match="verdict: must be one of"):
+        ToolWorldConfig(verdict="strict")
+    with pytest.raises(ValueError, match="verdict_bye_failed: must be finite"):
+        ToolWorldConfig(verdict_bye_failed=float("nan"))
+    with pytest.raises(ValueError, match="verdict_wrong_final: must be a number"):
+        ToolWorldConfig(verdict_wrong_final="-2")
+
+
+@pytest.mark.parametrize(
+    "preset, wrong_final, bye_failed, lookup",
+    [("clean", -2, 0, 0), ("legacy", -1, 1, 1), ("legacy_override", -3, -0.5, -1)],
+)
+def test_verdict_knobs(preset, wrong_final, bye_failed, lookup):
+    """Each knob on a hand case: wrong final then BYE, BYE too early, the lookup detour."""
+    if preset == "legacy_override":
+        kwargs = dict(verdict_wrong_final=-3.0, verdict_bye_failed=-0.5)
+        env = _env(level=1, verdict="legacy", verdict_unneeded_lookup=-1.0, **kwargs)
+    else:
+        env = _env(level=1, verdict=preset)
+    state = _find_task(env, TaskKind.CHANGE_ADDRESS)
+    order, new_address = int(state.task_order[0]), int(state.task_address[0])
+    wrong = next(
+        a
+        for a in range(env.config.num_addresses)
+        if a not in (new_address, int(state.address[order]))
+    )
+    steps = _play(env, state, [(Command.CHANGE_ADDRESS, order, wrong), (Command.BYE,)])
+    assert [float(ts.signals.verdict) for _, ts in steps] == [wrong_final, bye_failed]
+    [(_, ts)] = _play(env, state, [(Command.BYE,)])
+    assert float(ts.signals.verdict) == wrong_final
+    detour = [
+        (Command.LOOKUP_ORDER, order),
+        (Command.LOOKUP_ORDER, order),
+        (Command.CHANGE_ADDRESS, order, new_address),
+        (Command.BYE,),
+    ]
+    steps = _play(env, state, detour)
+    assert [float(ts.signals.verdict) for _, ts in steps] == [lookup, 0, 1, 1]
+    assert float(steps[-1][1].signals.outcome) == 1
+    # A recoverable slip costs -1 in every preset: a lookup of another order.
+    [(_, ts)] = _play(env, state, [(Command.LOOKUP_ORDER, (order + 1) % 8)])
+    assert float(ts.signals.verdict) == -1
+
+
 def test_config_is_hashable_and_fills_level_defaults():
     config = ToolWorldConfig(level=4)
     assert hash(config) == hash(ToolWorldConfig(level=4))
@@ -190,7 +242,7 @@ def test_change_address_and_cancel():
     if wrong == int(state.address[order]):
         wrong = (wrong + 1) % env.config.num_addresses
     [(after, ts)] = _play(env, state, [(Command.CHANGE_ADDRESS, order, wrong)])
-    assert int(after.progress[0]) == Progress.FAILED and float(ts.signals.verdict) == -1
+    assert int(after.progress[0]) == Progress.FAILED and float(ts.signals.verdict) == -2
     [_, (_, ts)] = _play(env, state, [(Command.CHANGE_ADDRESS, order, wrong), (Command.BYE,)])
     assert float(ts.signals.outcome) == 0 and ts.discount == 0
     state = _find_task(env, TaskKind.CANCEL)
@@ -221,9 +273,9 @@ def test_status_question_needs_a_grounded_answer():
     assert text.startswith(f"TOOL order ORDER_{order} ITEM_")
     assert dsl.render(dsl.STATUS_0 + status) in text
     assert float(steps[-1][1].signals.outcome) == 1
-    # The right answer without a lookup is a guess: the task fails.
+    # The right answer without a lookup is a guess: the task fails (irreversible, -2).
     [(after, ts)] = _play(env, state, [(Command.SAY_STATUS, order, status)])
-    assert int(after.progress[0]) == Progress.FAILED and float(ts.signals.verdict) == -1
+    assert int(after.progress[0]) == Progress.FAILED and float(ts.signals.verdict) == -2
     # A lookup of another order is a wrong argument.
     [(_, ts)] = _play(env, state, [(Command.LOOKUP_ORDER, (order + 1) % 8)])
     assert float(ts.signals.verdict) == -1
@@ -238,10 +290,11 @@ def test_refund_rules_and_flags():
     env = _env(level=2)
     state = _find_task(env, TaskKind.REFUND, _refundable)
     order = int(state.task_order[0])
-    # Refund without a lookup breaks rule 0; the refund still runs (guardrail off).
+    # Refund without a lookup breaks rule 0; the refund still runs (guardrail off) and,
+    # ungrounded, settles the task wrongly: an irreversible mistake (-2).
     [(after, ts)] = _play(env, state, [(Command.REFUND, order)])
     assert ts.signals.violation_flags.tolist() == [True, False, False, False]
-    assert int(ts.signals.violations) == 1 and float(ts.signals.verdict) == -1
+    assert int(ts.signals.violations) == 1 and float(ts.signals.verdict) == -2
     assert bool(after.refunded[order]) and bool(after.violated)
     # Correct: lookup then refund then BYE.
     steps = _play(
@@ -272,6 +325,13 @@ def test_penalise_mode_blocks_and_ends_the_episode():
     assert float(ts.reward) == -2.0 and float(ts.signals.outcome) == 0
     assert not bool(after.refunded[order])  # blocked: the call did not run
     assert dsl.render(ts.observation.tokens) == "TOOL blocked"
+    # A call that breaks three rules still costs the penalty once.
+    state = _find_task(
+        env, TaskKind.REFUND, lambda s: int(s.amount[s.task_order[0]]) > 2, max_keys=2000
+    )
+    order = int(state.task_order[0])
+    [(_, ts)] = _play(env, state, [(Command.REFUND, order)])
+    assert int(ts.signals.violations) >= 2 and float(ts.reward) == -2.0
 
 
 def test_change_after_shipping_rule():
@@ -323,7 +383,7 @@ def test_malformed_turn_and_early_bye():
     np.testing.assert_array_equal(state2.progress, state.progress)
     _, ts = step(state, jnp.asarray(dsl.encode(Command.BYE, turn_len=6), jnp.int32))
     assert ts.step_type == StepType.LAST and float(ts.signals.outcome) == 0
-    assert float(ts.signals.verdict) == -1 and float(ts.discount) == 0
+    assert float(ts.signals.verdict) == -2 and float(ts.discount) == 0  # gives up: irreversible
 
 
 # Episode ends -----------------------------------------------------------------------

@@ -27,8 +27,9 @@ from rlagent.envs import random_policy
 from rlagent.envs.reference import ReferenceToolWorld
 
 CASES = {
-    # name: (config, number of episodes); 2000 episodes in all.
-    "agent_off": (ToolWorldConfig(level=4), 1200),
+    # name: (config, number of episodes); 2000 episodes in all, every verdict preset.
+    "agent_off": (ToolWorldConfig(level=4), 800),
+    "agent_legacy_verdict": (ToolWorldConfig(level=4, verdict="legacy"), 500),
     "dialogue_penalise_sizes": (
         ToolWorldConfig(
             level=4,
@@ -39,16 +40,21 @@ CASES = {
             turn_len=7,
             num_orders=12,
             num_items=5,
+            verdict_bye_failed=-1.0,
+            verdict_wrong_final=-1.5,
         ),
-        800,
+        700,
     ),
 }
 
 
 def _mixed_action(reference: ReferenceToolWorld, state, rng: random.Random) -> list:
-    """Oracle 50%, oracle with a random order 20%, random command 25%, random tokens 5%."""
+    """Oracle 50%, oracle with a random order 20%, a lookup of the task's order 5%, random
+    command 20%, random tokens 5%."""
     cfg = reference.config
     u = rng.random()
+    if 0.7 <= u < 0.75 and state.current < cfg.num_tasks:
+        return reference.encode(Command.LOOKUP_ORDER, state.task_order[state.current])
     if u < 0.7:
         action = reference.oracle(state)
         is_order = dsl.ORDER_0 <= action[2] < dsl.ORDER_0 + cfg.num_orders
@@ -134,8 +140,11 @@ def test_jax_matches_reference(name):
     # The action mix must reach every command, verdict and (agent scenario) rule.
     commands = {reference.parse(a)[0] for a in actions.reshape(-1, env.turn_len).tolist()}
     assert commands == set(range(dsl.NUM_COMMANDS + 1))
-    verdicts = np.asarray(expected["verdict"])
-    assert set(np.unique(verdicts).tolist()) == {-1.0, 0.0, 1.0}
+    verdicts = set(np.unique(expected["verdict"]).tolist())
+    values = {-1.0, 0.0, 1.0, config.verdict_wrong_final, config.verdict_bye_failed}
+    if {"change_address", "cancel"} & set(config.kinds):
+        values.add(config.verdict_unneeded_lookup)
+    assert verdicts == values
     assert 0 < np.asarray(expected["success"]).mean()
     if config.scenario == "agent":
         assert np.asarray(expected["violation_flags"]).any(axis=0).all()

@@ -21,7 +21,10 @@ from rlagent.rollout import RolloutConfig
 from rlagent.train import TrainConfig
 from rlagent.train import loop
 
-ENV = ToolWorld(ToolWorldConfig(level=1))
+# The smoke test's seeded budget was set under the first ('legacy') verdict; with the
+# 'clean' default, seed 0 ends at about 0.5 success after 50 updates (0.93 with
+# normalize_returns): a finding of the reward-scale study, not a trainer regression.
+ENV = ToolWorld(ToolWorldConfig(level=1, verdict="legacy"))
 POLICY = PolicyConfig(
     vocab_size=dsl.VOCAB_SIZE,
     d_model=32,
@@ -35,7 +38,7 @@ POLICY = PolicyConfig(
 )
 ROLLOUT = RolloutConfig(window=1, constrained=True)
 # The learning budget of the smoke test: 50 updates of 128 episodes (about 15,000 turns).
-# Seed 0 learns; on some seeds (1 of the 3 tried) the dense verdicts trap the policy in
+# Seed 0 learns; on some seeds (1 of the 3 tried) the legacy verdicts trap the policy in
 # "close the task with any answer, then BYE" (return 0 beats the -1 of every failed call).
 SMOKE = TrainConfig(num_updates=50, num_groups=16, group_size=8, reward="process",
                     learning_rate=1e-3)  # fmt: skip
@@ -51,8 +54,9 @@ def test_dense_process_reward_solves_level_1(tmp_path):
 
 
 def test_resume_continues_exactly(tmp_path):
+    # normalize_returns: the running return statistics are checkpointed state too.
     config = TrainConfig(num_updates=2, num_groups=2, group_size=2, num_minibatches=1,
-                         reward="process")  # fmt: skip
+                         reward="process", normalize_returns=True)  # fmt: skip
     kwargs = dict(seeds=[0, 1], conditions=["process", "outcome"], chunk_size=1,
                   progress=False, tensorboard=False)  # fmt: skip
     straight = loop.run(config, ENV, POLICY, ROLLOUT, workdir=str(tmp_path / "a"), **kwargs)
@@ -67,6 +71,7 @@ def test_resume_continues_exactly(tmp_path):
         return [{k: v for k, v in row.items() if k != "turns_per_sec"} for row in rows]
 
     assert strip(resumed) == strip(straight)
+    assert all(np.isfinite(row["return_std"]) for row in straight)
     on_disk = (tmp_path / "b" / "metrics.csv").read_text().splitlines()
     assert len(on_disk) == 1 + 8
 

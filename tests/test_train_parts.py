@@ -23,7 +23,9 @@ from rlagent.train.estimators import estimator_inputs
 from rlagent.train.ppo import _adapt_kl_coef
 from rlagent.train.ppo import episode_metrics
 from rlagent.train.rewards import POTENTIAL_SCALE
+from rlagent.train.rewards import ReturnStats
 from rlagent.train.rewards import reward_weights
+from rlagent.train.rewards import scale_rewards
 from rlagent.train.rewards import turn_rewards
 from rlagent.train.writers import MetricWriter
 from rlagent.types import Trajectory
@@ -93,6 +95,38 @@ def test_config_from_mapping_rejects_unknown_fields():
         TrainConfig.from_mapping({"rewrd": "outcome"})
     with pytest.raises(ValueError, match="group_size >= 2"):
         TrainConfig(estimator="grpo", group_size=1, num_minibatches=1)
+
+
+def test_violation_penalty_is_paid_once_per_violating_turn():
+    """A turn that breaks three rules costs the penalty once, like a turn that breaks one."""
+    violations = np.zeros((B, S), np.int32)
+    violations[1, 1], violations[0, 2] = 3, 1
+    traj = _trajectory()._replace(violations=jnp.asarray(violations))
+    got = turn_rewards(traj, _config(reward="outcome", violation_penalty=0.5))
+    np.testing.assert_allclose(got, np.asarray(traj.outcome) - 0.5 * (violations > 0))
+
+
+def test_scale_rewards_brings_the_return_std_to_one():
+    """After a few batches of returns with std 5, the scaled returns have std ~1."""
+    rng = np.random.default_rng(0)
+    on, off = _config(normalize_returns=True), _config()
+    scale = jax.jit(lambda r, st: scale_rewards(r, st, on))
+    stats = ReturnStats.zeros()
+    for _ in range(6):
+        # [256, 4] turn rewards whose episode returns are ~ N(2, 5^2).
+        rewards = jnp.asarray(rng.normal(0.5, 2.5, size=(256, 4)), jnp.float32)
+        scaled, stats = scale(rewards, stats)
+    assert float(stats.count) == 6 * 256
+    assert float(jnp.std(scaled.sum(axis=1))) == pytest.approx(1.0, abs=0.1)
+    assert float(stats.mean) == pytest.approx(2.0, abs=0.3)
+    # The scale only: rewards keep their sign and ratios.
+    np.testing.assert_allclose(scaled * jnp.sqrt(stats.m2 / stats.count), rewards, rtol=1e-5)
+    # Returns that never varied are not blown up.
+    zeros, zero_stats = scale_rewards(jnp.zeros((4, 3)), ReturnStats.zeros(), on)
+    assert float(jnp.abs(zeros).max()) == 0 and float(zero_stats.m2) == 0
+    # Off (the default): rewards and statistics are returned as they are.
+    same, same_stats = scale_rewards(rewards, stats, off)
+    assert same is rewards and same_stats is stats
 
 
 def test_turn_rewards_match_hand_computed_forms():

@@ -1,7 +1,26 @@
-"""Configuration of ToolWorld: sizes, curriculum level, scenario, guardrail mode.
+"""Configuration of ToolWorld: sizes, curriculum level, scenario, guardrail mode, verdict.
 
 Tables indexed by `TaskKind`: `KIND_COST` (turns of the shortest correct handling of a
 task) and `LEVEL_KINDS` (the intent pool of each curriculum level; see `toolworld`).
+
+The oracle process verdict (`Signals.verdict`) has three design choices, each a field
+filled from the preset `verdict` unless given (`VERDICT_PRESETS`):
+
+    field                     clean (default)  legacy  the turn it judges
+    verdict_bye_failed         0.0             +1.0    BYE once every task is settled but
+                                                       some task failed
+    verdict_wrong_final       -2.0             -1.0    settles a task wrongly (wrong or
+                                                       ungrounded answer / final call) or
+                                                       says BYE with a task still open
+    verdict_unneeded_lookup    0.0             +1.0    first lookup of a change_address /
+                                                       cancel task's order (not needed)
+
+'clean' is what a process-reward designer would defend: closing a failed conversation is
+no progress, an irreversible mistake costs more than a recoverable slip (-1: wrong tool
+or argument, malformed turn, failed call, broken rule), and a detour is redundant, not
+useful. 'legacy' is the first verdict (every valid step +1, every mistake -1), kept as a
+reward-hacking study: it pays the give-up policy (wrong answer -1, BYE +1) and the
+lookup detour before change_address / cancel.
 """
 
 from __future__ import annotations
@@ -32,6 +51,12 @@ LEVEL_KINDS: dict[int, tuple[TaskKind, ...]] = {
     4: INTENT_KINDS,
 }
 SCENARIOS = ("agent", "dialogue")
+# Verdict presets: (verdict_bye_failed, verdict_wrong_final, verdict_unneeded_lookup).
+VERDICT_PRESETS: dict[str, tuple[float, float, float]] = {
+    "clean": (0.0, -2.0, 0.0),
+    "legacy": (1.0, -1.0, 1.0),
+}
+VERDICT_FIELDS = ("verdict_bye_failed", "verdict_wrong_final", "verdict_unneeded_lookup")
 _INTEGER_FIELDS = (
     "level",
     "num_orders",
@@ -66,13 +91,19 @@ class ToolWorldConfig:
     turn_len: int = 6  # L action tokens per turn (>= 5, the longest command).
     obs_len: int = 8  # O observation tokens (>= 7, the lookup return).
     guardrail: str = "off"  # 'off' | 'penalise' | 'mask' (see rlagent.envs.guardrail).
-    penalty: float = 1.0  # reward of a penalised violation is -penalty (finite, >= 0).
+    penalty: float = 1.0  # reward of a blocked call, however many rules it breaks: -penalty.
     refund_limit: int = 2  # largest amount bucket (AMT_0..AMT_3) refundable, 0..2.
+    # Process verdict (module docstring): a preset, and its three values (None: preset's).
+    verdict: str = "clean"  # 'clean' | 'legacy' (VERDICT_PRESETS).
+    verdict_bye_failed: float | None = None  # BYE after a failed task (clean 0, legacy +1).
+    verdict_wrong_final: float | None = None  # task settled wrongly / BYE too early (-2, -1).
+    verdict_unneeded_lookup: float | None = None  # lookup before change_address (0, +1).
 
     def __post_init__(self):
         self._check_types()
         self._check_ranges()
         self._fill_level_defaults()
+        self._fill_verdict()
 
     @property
     def num_tasks(self) -> int:
@@ -100,6 +131,14 @@ class ToolWorldConfig:
             self._fail("penalty", "must be a number")
         if not math.isfinite(penalty):
             self._fail("penalty", "must be finite")
+        for name in VERDICT_FIELDS:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, numbers.Real) or isinstance(value, bool):
+                self._fail(name, "must be a number")
+            if not math.isfinite(value):
+                self._fail(name, "must be finite")
 
     def _check_ranges(self):
         """Fields that do not depend on the level defaults."""
@@ -123,6 +162,8 @@ class ToolWorldConfig:
             self._fail("refund_limit", f"must be in [0, {dsl.NUM_AMOUNTS - 2}]")
         if self.penalty < 0:
             self._fail("penalty", "must be >= 0")
+        if self.verdict not in VERDICT_PRESETS:
+            self._fail("verdict", f"must be one of {tuple(VERDICT_PRESETS)}")
 
     def _fill_level_defaults(self):
         """kinds, num_intents, num_distractors and max_turns from the level, then checked."""
@@ -150,3 +191,9 @@ class ToolWorldConfig:
             object.__setattr__(self, "max_turns", longest + 2)
         elif self.max_turns < 1:
             self._fail("max_turns", "must be >= 1")
+
+    def _fill_verdict(self):
+        """Verdict values left at None from the `verdict` preset, as floats."""
+        for name, preset in zip(VERDICT_FIELDS, VERDICT_PRESETS[self.verdict], strict=True):
+            value = getattr(self, name)
+            object.__setattr__(self, name, float(preset if value is None else value))

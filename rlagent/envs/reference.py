@@ -208,7 +208,7 @@ class ReferenceToolWorld:
         matches = matches and (nargs < 2 or arg2 == final[2])
         settles = active and not blocked and (command in dsl.SAY_COMMANDS or call_ok)
         done = settles and matches and grounded
-        verdict = -1.0 if violation else _verdict(state, task, active, done, command, arg1)
+        verdict = self._verdict(state, task, active, settles, done, command, arg1, violation)
         kind, task_order = state.task_kind[task], state.task_order[task]
         if (
             active
@@ -320,6 +320,38 @@ class ReferenceToolWorld:
             )
         return signals
 
+    def _verdict(self, state, task, active, settles, done, command, arg1, violation) -> float:
+        """Process verdict of a turn, before the state changes (values: `toolworld`)."""
+        cfg = self.config
+        if (settles and not done) or (active and command == Command.BYE):
+            return cfg.verdict_wrong_final
+        if violation:
+            return -1.0
+        if not active:
+            if command != Command.BYE:
+                return -1.0
+            if all(p == Progress.DONE for p in state.progress):
+                return 1.0
+            return cfg.verdict_bye_failed
+        if done:
+            return 1.0
+        kind, order = state.task_kind[task], state.task_order[task]
+        item = state.item[order]
+        if command == Command.LOOKUP_ORDER and arg1 == order and kind != TaskKind.OFF_TOPIC:
+            if state.looked_up[order]:
+                return 0.0
+            if kind in (TaskKind.CHANGE_ADDRESS, TaskKind.CANCEL):
+                return cfg.verdict_unneeded_lookup
+            return 1.0
+        if (
+            kind == TaskKind.EXCHANGE
+            and state.looked_up[order]
+            and command == Command.CHECK_STOCK
+            and arg1 == item
+        ):
+            return 0.0 if state.stock_checked[item] else 1.0
+        return -1.0
+
     def oracle(self, state: RefState) -> list:
         """Next turn of the shortest correct plan (same plan as `policies.oracle_policy`)."""
         cfg = self.config
@@ -429,33 +461,6 @@ def _tool_return(state: RefState, command: int, arg1: int, call_ok: bool) -> lis
     if command == Command.BYE:
         return list(_GOODBYE)
     return [dsl.TOOL, dsl.token("error")]
-
-
-def _verdict(state: RefState, task: int, active: bool, done: bool, command: int, arg1: int):
-    """Process verdict of a turn that broke no rule: 1.0 useful, 0.0 redundant, else -1.0."""
-    kind, order = state.task_kind[task], state.task_order[task]
-    item = state.item[order]
-    looked, checked = state.looked_up[order], state.stock_checked[item]
-    task_lookup = (
-        active and kind != TaskKind.OFF_TOPIC and command == Command.LOOKUP_ORDER and arg1 == order
-    )
-    task_stock = (
-        active
-        and kind == TaskKind.EXCHANGE
-        and looked
-        and command == Command.CHECK_STOCK
-        and arg1 == item
-    )
-    if (
-        (task_lookup and not looked)
-        or (task_stock and not checked)
-        or done
-        or (not active and command == Command.BYE)
-    ):
-        return 1.0
-    if task_lookup or task_stock:
-        return 0.0
-    return -1.0
 
 
 def _zero_signals() -> Signals:

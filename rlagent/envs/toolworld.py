@@ -42,11 +42,26 @@ The dialogue scenario (`scenario='dialogue'`) asks only order-status questions
 (plus distractors) and reports answer accuracy and simulated user feedback.
 
 Per-turn signals: `TimeStep.signals`, a `Signals` (see `rlagent.envs.types`): outcome,
-process verdict (+1 valid next step of a correct plan, 0 redundant repeat of a valid
-lookup / stock check, -1 anything else: wrong tool or argument, malformed turn, rule
-violation, ungrounded or wrong final), efficiency, guardrail violations, and the dialogue
-scores. The guardrail mode (`ToolWorldConfig.guardrail`) decides what a violation does
-in `step` and whether `allowed_tokens` masks it (see `rlagent.envs.guardrail`).
+process verdict, efficiency, guardrail violations, and the dialogue scores. The verdict
+judges a turn against the shortest correct plan:
+
+    +1  useful: the first lookup of the task's order (status, refund, exchange), the
+        first stock check of its looked-up item (exchange), the correct grounded final
+        step, BYE once every task is done
+     0  redundant: a repeat of such a lookup or stock check
+    -1  a recoverable slip: wrong tool or argument, malformed turn, failed call, broken rule
+    config.verdict_wrong_final (clean -2, legacy -1): an irreversible mistake, a turn that
+        settles the task wrongly (wrong or ungrounded answer or final call) or says BYE
+        with a task still open
+    config.verdict_bye_failed (clean 0, legacy +1): BYE once every task is settled, some
+        of them failed
+    config.verdict_unneeded_lookup (clean 0, legacy +1): the first lookup of the order of
+        a change_address / cancel task, which needs no fact (the 'lookup detour')
+
+`ToolWorldConfig(verdict='legacy')` restores the first verdict (the give-up and detour
+reward-hacking study); see `rlagent.envs.config`. The guardrail mode
+(`ToolWorldConfig.guardrail`) decides what a violation does in `step` and whether
+`allowed_tokens` masks it (see `rlagent.envs.guardrail`).
 
 `step` is a sequence of stages, one small function each: read the turn (parse), check
 the rules, change the world, settle the current task, judge the turn (verdict), end the
@@ -286,7 +301,7 @@ class ToolWorld:
         blocked = broke_rule & (cfg.guardrail == "penalise")
         changed, world_ok = _change_world(state, turn, blocked)
         settled = self._settle_task(state, task, turn, world_ok, blocked)
-        verdict = _verdict(task, turn, settled.done, broke_rule)
+        verdict = _verdict(cfg, state, task, turn, settled, broke_rule)
         end = self._terminate(state, turn, settled, broke_rule, blocked)
         obs = self._observe(state, turn, world_ok, settled, blocked)
         new_state = changed._replace(
@@ -518,16 +533,24 @@ def _change_world(state: State, turn: _Turn, blocked: jax.Array) -> tuple[State,
     return changed, world_ok
 
 
-def _verdict(task: TaskView, turn: _Turn, done: jax.Array, broke_rule: jax.Array) -> jax.Array:
-    """Process verdict `[]` float32: +1 useful, 0 redundant repeat, -1 otherwise.
+def _verdict(
+    cfg: ToolWorldConfig,
+    state: State,
+    task: TaskView,
+    turn: _Turn,
+    settled: _Settlement,
+    broke_rule: jax.Array,
+) -> jax.Array:
+    """Process verdict `[]` float32 of a turn (values: the module docstring).
 
-    Useful: the first lookup of the task's order, the first stock check of its looked-up
-    item (exchange), the correct grounded final step, BYE once every task is settled.
-    Redundant: a repeat of such a lookup or stock check. A broken rule is always -1.
+    `state` is the state before the turn; a broken rule is -1 unless the turn is also an
+    irreversible mistake (then `cfg.verdict_wrong_final`).
     """
     command = turn.command
+    said_bye = command == Command.BYE
     needs_order = task.active & (task.kind != TaskKind.OFF_TOPIC)
     task_lookup = needs_order & (command == Command.LOOKUP_ORDER) & (turn.arg1 == task.order)
+    direct = (task.kind == TaskKind.CHANGE_ADDRESS) | (task.kind == TaskKind.CANCEL)
     task_stock = (
         task.active
         & (task.kind == TaskKind.EXCHANGE)
@@ -535,15 +558,21 @@ def _verdict(task: TaskView, turn: _Turn, done: jax.Array, broke_rule: jax.Array
         & (command == Command.CHECK_STOCK)
         & (turn.arg1 == task.item)
     )
+    first_lookup = task_lookup & ~task.looked_up
+    all_done = (state.progress == Progress.DONE).all()
     useful = (
-        (task_lookup & ~task.looked_up)
+        (first_lookup & ~direct)
         | (task_stock & ~task.stock_checked)
-        | done
-        | (~task.active & (command == Command.BYE))
+        | settled.done
+        | (~task.active & said_bye & all_done)
     )
     redundant = (task_lookup & task.looked_up) | (task_stock & task.stock_checked)
     verdict = jnp.where(useful, 1.0, jnp.where(redundant, 0.0, -1.0))
-    return jnp.where(broke_rule, -1.0, verdict).astype(jnp.float32)
+    verdict = jnp.where(first_lookup & direct, cfg.verdict_unneeded_lookup, verdict)
+    verdict = jnp.where(~task.active & said_bye & ~all_done, cfg.verdict_bye_failed, verdict)
+    verdict = jnp.where(broke_rule, -1.0, verdict)
+    irreversible = (settled.settles & ~settled.done) | (task.active & said_bye)
+    return jnp.where(irreversible, cfg.verdict_wrong_final, verdict).astype(jnp.float32)
 
 
 def _zero_signals() -> Signals:

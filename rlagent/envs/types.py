@@ -60,7 +60,8 @@ class Signals(NamedTuple):
 
     outcome: jax.Array  # [] float32: 1 on the last step iff BYE, every task done, no rule broken.
     success: jax.Array  # [] bool: outcome == 1 (the episode is solved).
-    verdict: jax.Array  # [] float32: process verdict +1 useful / 0 redundant / -1 otherwise.
+    verdict: jax.Array  # [] float32: process verdict, +1 useful / 0 redundant / -1 slip and
+    # the config's values for irreversible mistakes, BYE after a failure, an unneeded lookup.
     efficiency: jax.Array  # [] float32: -1 on a turn past the shortest plan, else 0.
     violations: jax.Array  # [] int32: number of guardrail rules broken by this turn.
     violation_flags: jax.Array  # [R] bool: which rules this turn broke (Rule order).

@@ -21,7 +21,7 @@ REWARDS = (
     "outcome",  # sparse: 1 on the final turn if the task is solved without a violation.
     "process",  # dense: the oracle process verdict (+1 / 0 / -1) of every turn.
     "composed",  # outcome / process / efficiency mix, `reward_weights`.
-    "prm_sum",  # outcome + prm_rewards(verdict, form="sum").
+    "prm_sum",  # outcome + verdict (prm_rewards form "sum"): process with its outcome term.
     "prm_min",  # outcome + prm_rewards(verdict, form="min").
     "potential",  # outcome + shaping, Phi = 0.5 x valid plan steps taken (rewards.py).
 )
@@ -39,7 +39,7 @@ class TrainConfig:
     reward: str = "process"  # one of REWARDS.
     reward_weights: tuple[float, float, float] = (0.5, 0.3, 0.2)  # outcome, process, efficiency
     prm_temperature: float = 0.1  # temperature of the min-form PRM credit.
-    violation_penalty: float = 0.0  # subtracted from the turn reward per guardrail violation.
+    violation_penalty: float = 0.0  # subtracted once per turn that breaks a guardrail rule.
     estimator: str = "gae_turn"  # one of ESTIMATORS.
     # ToolWorld's turn limit is part of the task (running out of turns fails it), so by
     # default a truncated episode is not bootstrapped from V (Pardo et al., 2018).
@@ -48,6 +48,9 @@ class TrainConfig:
     lam: float = 0.95
     gigpo_omega: float = 1.0
     normalize_advantages: bool = True  # masked whitening of critic-based advantages.
+    # Divide turn rewards by a running std of the run's episode returns (rewards.py
+    # scale_rewards), so reward forms of different ranges get the same effective step size.
+    normalize_returns: bool = False
     num_epochs: int = 2
     num_minibatches: int = 2
     clip_low: float = 0.2

@@ -33,7 +33,9 @@ from rlagent.rollout import make_rollout
 from rlagent.rollout import make_score
 from rlagent.train.config import TrainConfig
 from rlagent.train.estimators import estimate_advantages
+from rlagent.train.rewards import ReturnStats
 from rlagent.train.rewards import reward_weights
+from rlagent.train.rewards import scale_rewards
 from rlagent.train.rewards import turn_rewards
 from rlagent.types import Trajectory
 from rlagent.types import action_rows
@@ -52,6 +54,7 @@ class RunnerState(NamedTuple):
     ref_params: Any  # frozen initial policy, the KL anchor.
     kl_coef: jax.Array  # [] float32, adaptive when config.kl_target is set.
     reward_weights: jax.Array  # [C] float32 weights of rewards.COMPONENTS (the reward form).
+    return_stats: ReturnStats  # episode-return statistics (config.normalize_returns).
     key: jax.Array  # PRNG key.
     step: jax.Array  # [] int32, updates done.
 
@@ -115,6 +118,7 @@ def make_train(
             ref_params=params,
             kl_coef=jnp.asarray(config.kl_coef, jnp.float32),
             reward_weights=jnp.asarray(reward_weights, jnp.float32),
+            return_stats=ReturnStats.zeros(),
             key=key,
             step=jnp.zeros((), jnp.int32),
         )
@@ -138,7 +142,8 @@ def make_train(
             ref_logp = jax.lax.stop_gradient(score(state.ref_params, trajectory)[0])
         else:
             ref_logp = trajectory.logp
-        rewards = turn_rewards(trajectory, config, state.reward_weights)
+        raw_rewards = turn_rewards(trajectory, config, state.reward_weights)
+        rewards, return_stats = scale_rewards(raw_rewards, state.return_stats, config)
         kl_tokens = (
             losses.kl_penalty(
                 action_rows(trajectory.logp), action_rows(ref_logp), kind=config.kl_kind
@@ -164,8 +169,10 @@ def make_train(
             **episode_metrics(trajectory),
             **stats,
             "kl_coef": state.kl_coef,
-            "train_return": jnp.mean(jnp.sum(rewards, axis=1)),
+            "train_return": jnp.mean(jnp.sum(raw_rewards, axis=1)),
         }
+        if config.normalize_returns:
+            metrics["return_std"] = jnp.sqrt(return_stats.m2 / return_stats.count)
         if probe is not None:
             probe_key = jax.random.fold_in(shuffle_key, 0xC4ED)  # the run's keys stay as they are
             metrics.update(
@@ -182,7 +189,12 @@ def make_train(
         if needs_ref:
             metrics["kl_to_ref"] = kl_now
         new_state = state._replace(
-            params=params, opt_state=opt_state, kl_coef=kl_coef, key=key, step=state.step + 1
+            params=params,
+            opt_state=opt_state,
+            kl_coef=kl_coef,
+            return_stats=return_stats,
+            key=key,
+            step=state.step + 1,
         )
         return new_state, metrics
 

@@ -6,9 +6,17 @@ them the learner sees is the experimental variable of sparse-vs-dense studies. E
 reward form is a weighted sum of a few per-turn *components*; the weights are data (a
 `[C]` array in the runner state), so runs that differ only in their reward form share
 one compiled program and train side by side under `vmap`.
+
+Reward forms differ in range (process returns span about [-5, 3], outcome [0, 1]), and
+under one learning rate and gradient clip the range changes the effective step size.
+`TrainConfig.normalize_returns` divides every turn reward by a running standard deviation
+of the run's episode returns (`ReturnStats`, `scale_rewards`), so that conditions differ
+in the shape of their reward, not in its scale.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -25,20 +33,38 @@ COMPONENTS = ("outcome", "process", "efficiency", "potential", "prm_min", "viola
 # Potential Phi_s = POTENTIAL_SCALE * (number of valid plan steps taken before turn s):
 # one valid step is worth half the outcome, so shaping and outcome share one scale.
 POTENTIAL_SCALE = 0.5
+# Smallest return standard deviation divided by: a run whose returns have not varied yet
+# (all 0 under the outcome reward) is not scaled up without bound.
+RETURN_STD_FLOOR = 1e-2
+
+
+class ReturnStats(NamedTuple):
+    """Running mean and spread of a run's episode returns (one per run, in RunnerState)."""
+
+    count: jax.Array  # [] float32: episodes seen.
+    mean: jax.Array  # [] float32: mean episode return.
+    m2: jax.Array  # [] float32: sum of squared deviations from the mean.
+
+    @classmethod
+    def zeros(cls) -> ReturnStats:
+        zero = jnp.zeros((), jnp.float32)
+        return cls(count=zero, mean=zero, m2=zero)
 
 
 def reward_weights(config: TrainConfig, reward: str | None = None) -> np.ndarray:
     """`[C]` float32 weights of COMPONENTS for a reward form (default `config.reward`).
 
       outcome:   r_s = outcome_s (1 on the final turn of a solved episode).
-      process:   r_s = verdict_s, the oracle process verdict in {-1, 0, +1}.
+      process:   r_s = verdict_s, the oracle process verdict (values: ToolWorldConfig.verdict).
       composed:  w_o * outcome_s + w_p * verdict_s + w_e * efficiency_s, the mix of
                  `compose_rewards` with `config.reward_weights` (default 0.5 / 0.3 / 0.2).
-      prm_sum:   outcome_s + prm_rewards(verdict, form="sum")_s.
+      prm_sum:   outcome_s + prm_rewards(verdict, form="sum")_s = outcome_s + verdict_s:
+                 the process reward with its outcome term.
       prm_min:   outcome_s + prm_rewards(verdict, form="min", temperature)_s.
       potential: outcome_s + gamma * Phi_{s+1} - Phi_s, Phi_s = progress before turn s
                  (Ng et al., 1999: leaves the optimal policy unchanged).
-    Every form subtracts `config.violation_penalty` per guardrail violation.
+    Every form subtracts `config.violation_penalty` once per turn that breaks a guardrail
+    rule, however many rules it breaks (a blocked call in penalise mode costs it once).
     """
     reward = config.reward if reward is None else reward
     if reward not in REWARDS:
@@ -85,7 +111,7 @@ def reward_components(trajectory: Trajectory, config: TrainConfig) -> jax.Array:
             final_potential=final_potential,
         ),
         prm_rewards(verdict, turn_mask, form="min", temperature=config.prm_temperature),
-        trajectory.violations.astype(jnp.float32),
+        (trajectory.violations > 0).astype(jnp.float32),
     )
     return jnp.stack([c * valid for c in components], axis=-1).astype(jnp.float32)
 
@@ -104,3 +130,37 @@ def turn_rewards(
     if weights.shape != (len(COMPONENTS),):
         raise ValueError(f"weights must have shape ({len(COMPONENTS)},), got {weights.shape}.")
     return reward_components(trajectory, config) @ weights
+
+
+def scale_rewards(
+    rewards: jax.Array, stats: ReturnStats, config: TrainConfig
+) -> tuple[jax.Array, ReturnStats]:
+    """`(rewards / sigma, stats with this batch)` if `config.normalize_returns`, else as given.
+
+    `sigma = max(sqrt(m2 / count), RETURN_STD_FLOOR)` is the standard deviation of every
+    episode return the run has seen, this batch's `G_b = sum_s rewards[b, s]` included,
+    merged by the parallel Welford update (Chan et al., 1979):
+    `delta = mean_B - mean`, `mean += delta * B / (count + B)`,
+    `m2 += m2_B + delta^2 * count * B / (count + B)`. Only the scale changes: the rewards
+    are not centred, so their sign (and an outcome of 0) keeps its meaning.
+
+    Args:
+      rewards: `[B, S]` float32 turn rewards, 0 on unplayed turns.
+      stats: the run's statistics before this batch.
+      config: reads `normalize_returns`.
+    """
+    if not config.normalize_returns:
+        return rewards, stats
+    returns = jnp.sum(rewards, axis=1)
+    size = jnp.float32(returns.shape[0])
+    batch_mean = jnp.mean(returns)
+    batch_m2 = jnp.sum(jnp.square(returns - batch_mean))
+    count = stats.count + size
+    delta = batch_mean - stats.mean
+    stats = ReturnStats(
+        count=count,
+        mean=stats.mean + delta * size / count,
+        m2=stats.m2 + batch_m2 + jnp.square(delta) * stats.count * size / count,
+    )
+    sigma = jnp.maximum(jnp.sqrt(stats.m2 / count), RETURN_STD_FLOOR)
+    return rewards / sigma, stats
