@@ -280,6 +280,9 @@ def mc_values(
 ) -> MCValues:
     """V, Q, A and success probabilities of every played turn, with standard errors.
 
+    (Its length is the docstring's: the contract of every argument and of the memory
+    scaling; the body is one chunked map over forks.)
+
     Args:
       play: plays forked episodes to their end (`play_env_policy`, `rlagent.credit.lm`).
       forks: carries `play` starts from, leaves `[B, S, ...]`: the episode at the start of

@@ -181,7 +181,12 @@ class ReferenceToolWorld:
         return Command.MALFORMED, 0, 0
 
     def step(self, state: RefState, action) -> tuple[RefState, RefTimeStep]:
-        """Plays one turn in place; returns the (same, updated) state and its timestep."""
+        """Plays one turn in place; returns the (same, updated) state and its timestep.
+
+        Kept as one readable sequence mirroring the JAX step's stages (parse, rules, world,
+        settle, verdict, terminate, observe), each stage a helper call, so the two
+        implementations can be compared line by line.
+        """
         cfg = self.config
         if state.terminated or state.truncated:
             return state, RefTimeStep(

@@ -89,6 +89,9 @@ def run(
 ) -> list[dict[str, Any]]:
     """Trains every (reward condition, seed) pair in parallel; returns all metric rows.
 
+    (Long for its argument checks and the try/finally that closes writers and checkpoint
+    managers on every exit path; the training itself is `_train`.)
+
     `conditions` names reward forms (`rlagent.train.config.REWARDS`; default
     `[config.reward]`): they differ only in the reward weights carried in the runner
     state, so all runs share one compiled program. Each row is one (update, condition,

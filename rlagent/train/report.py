@@ -40,6 +40,9 @@ def summarize(
 ) -> dict[str, Any]:
     """Per-condition summary and pairwise comparisons of `metric` (success by default).
 
+    (One pass over conditions and seeds computing every per-seed quantity, then their
+    intervals; the length is mostly this docstring, which defines each quantity.)
+
     Per seed: `final_<metric>` is the mean of `metric` over the last `final_fraction` of
     updates; `auc` the normalised area under its curve over the common budget of
     experience (the least environment turns any run had, so that every seed is compared
