@@ -8,6 +8,7 @@ import os
 import pytest
 
 from experiments.configs import sparse_vs_dense
+from experiments.configs import sparse_vs_dense_full
 from rlagent.train import experiment
 
 
@@ -65,3 +66,15 @@ def test_guardrail_runs_and_config_errors():
     config.conditions = " , "
     with pytest.raises(ValueError, match="names no reward form"):
         experiment.reward_runs(config)
+
+
+def test_full_config_differs_from_the_quickstart_only_in_seeds_and_evaluation():
+    full, quick = sparse_vs_dense_full.get_config(), sparse_vs_dense.get_config()
+    setup = experiment.build(full)  # every field valid for the typed configs
+    assert full.seeds == 30 and setup.train_config.eval_every == 30
+    full.seeds, full.train.eval_every, full.train.eval_episodes = (
+        quick.seeds,
+        quick.train.eval_every,
+        quick.train.eval_episodes,
+    )
+    assert full.to_dict() == quick.to_dict()
