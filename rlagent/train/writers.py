@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 import os
 from collections.abc import Iterable
 from collections.abc import Mapping
@@ -64,7 +65,9 @@ class MetricWriter:
             for row in rows:
                 tag = f"{row.get('condition', 'run')}/seed{int(row['seed'])}"
                 for key, value in row.items():
-                    if isinstance(value, int | float) and key not in ("update", "seed"):
+                    # NaN marks "not measured this update" (e.g. held-out evaluation).
+                    numeric = isinstance(value, int | float) and math.isfinite(value)
+                    if numeric and key not in ("update", "seed"):
                         self._tb.add_scalar(f"{tag}/{key}", value, int(row["update"]))
             self._tb.flush()
 
