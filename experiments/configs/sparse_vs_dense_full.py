@@ -3,8 +3,10 @@
 Usage:
   python -m experiments.sparse_vs_dense \
       --config=experiments/configs/sparse_vs_dense_full.py --workdir=runs/sparse_vs_dense_full
-  python -m experiments.sparse_vs_dense --guardrail_sweep --config.conditions=potential \
-      --config=experiments/configs/sparse_vs_dense_full.py --workdir=runs/guardrail_full
+  python -m experiments.sparse_vs_dense --config=experiments/configs/sparse_vs_dense_full.py \
+      --guardrail_sweep --config.conditions=potential --workdir=runs/guardrail_full
+
+(`--config=...` must come before any `--config.<field>=...` override.)
 
 Everything else is the quickstart's defaults (experiments/configs/sparse_vs_dense.py), so
 the two differ only in seeds and evaluation. 30 seeds per arm separate take-off rates of
