@@ -55,6 +55,7 @@ from rlagent.train import make_train
 from rlagent.train import provenance
 from rlagent.train import stats
 from rlagent.train.config import TrainConfig
+from rlagent.train.experiment import names
 from rlagent.train.rewards import reward_weights
 from rlagent.train.rewards import turn_rewards
 from rlagent.train.writers import MetricWriter
@@ -70,14 +71,17 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     base = TrainConfig.from_mapping(
         {**config.train, "num_groups": config.num_groups, "group_size": config.group_size}
     )
-    estimators = {spec: _estimator_config(base, spec) for spec in _names(config.estimators)}
-    rewards = _names(config.rewards)
+    estimators = {
+        spec: _estimator_config(base, spec)
+        for spec in names(config.estimators, "estimators", "estimator")
+    }
+    rewards = names(config.rewards, "rewards", "reward form")
     weights = jnp.stack([reward_weights(base, r) for r in rewards])
     rows = []
     start = time.time()
-    for horizon in [int(h) for h in _names(config.horizons)]:
+    for horizon in [int(h) for h in names(config.horizons, "horizons", "horizon")]:
         env = ToolWorld(horizon_config(horizon))
-        for policy_name in _names(config.policies):
+        for policy_name in names(config.policies, "policies", "policy"):
             measure = make_measure(env, policy_name, base, config)
             for seed in range(config.first_seed, config.first_seed + config.seeds):
                 batch = measure(jax.random.key(seed), weights)
@@ -389,13 +393,6 @@ def plot(rows: Sequence[Mapping[str, Any]], path: str, metric: str = "spearman")
 
 def _pm(estimate) -> str:
     return "n/a" if estimate is None else f"{estimate['mean']:.2f} ± {estimate['ci95']:.2f}"
-
-
-def _names(text) -> list[str]:
-    names = [n.strip() for n in str(text).split(",") if n.strip()]
-    if not names:
-        raise ValueError(f"expected a comma-separated list of names, got {text!r}")
-    return names
 
 
 def _product(first, second):

@@ -63,7 +63,7 @@ def reward_runs(config: ml_collections.ConfigDict) -> list[Run]:
     They differ only in data (the reward weights), so they train side by side in one
     compiled program, every condition with every seed.
     """
-    return [Run("rewards", tuple(_names(config.conditions)), config)]
+    return [Run("rewards", tuple(names(config.conditions)), config)]
 
 
 def guardrail_runs(config: ml_collections.ConfigDict) -> list[Run]:
@@ -72,7 +72,7 @@ def guardrail_runs(config: ml_collections.ConfigDict) -> list[Run]:
     penalise: a violation ends the episode and costs `violation_penalty` (1.0 unless set);
     mask: the sampler may only emit tokens the rules allow.
     """
-    reward = _names(config.conditions)[0]
+    reward = names(config.conditions)[0]
     runs = []
     for mode in ("off", "penalise", "mask"):
         run_config = ml_collections.ConfigDict(config.to_dict())
@@ -225,8 +225,9 @@ def _make(cls, values: Mapping[str, Any], section: str):
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
-def _names(text: str) -> list[str]:
-    names = [name.strip() for name in str(text).split(",") if name.strip()]
-    if not names:
-        raise ValueError("config.conditions names no reward form.")
-    return names
+def names(text: str, field: str = "conditions", what: str = "reward form") -> list[str]:
+    """The comma-separated names of config field `field` (e.g. `conditions`, `horizons`)."""
+    parsed = [name.strip() for name in str(text).split(",") if name.strip()]
+    if not parsed:
+        raise ValueError(f"config.{field} names no {what}.")
+    return parsed
