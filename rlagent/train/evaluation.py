@@ -25,6 +25,7 @@ from flax import nnx
 
 from rlagent.rollout import RolloutConfig
 from rlagent.rollout import make_rollout
+from rlagent.train.ppo import episode_metrics
 
 # Root of the evaluation keys: a stream no training run draws from (training keys are
 # split from PRNGKey(seed) of each run).
@@ -46,7 +47,6 @@ def make_evaluate(
     env: Any,
     graphdef: nnx.GraphDef,
     rollout_config: RolloutConfig,
-    episode_metrics: Callable[[Any], dict[str, jax.Array]],
     *,
     num_episodes: int,
     seed: int = 0,
@@ -58,8 +58,6 @@ def make_evaluate(
       graphdef: the policy's graph definition (`Trainer.graphdef`).
       rollout_config: the training rollout config; the greedy pass replaces its
         temperature by 0 and keeps everything else (window, constrained decoding).
-      episode_metrics: `rlagent.train.ppo.episode_metrics` (passed in to keep the import
-        arrows pointing one way).
       num_episodes: evaluation episodes per pass.
       seed: which held-out set (`eval_keys`).
     Returns:

@@ -42,7 +42,6 @@ from rlagent.train.config import TrainConfig
 from rlagent.train.ppo import NONFINITE_METRICS
 from rlagent.train.ppo import RunnerState
 from rlagent.train.ppo import Trainer
-from rlagent.train.ppo import episode_metrics
 from rlagent.train.ppo import make_train
 from rlagent.train.rewards import reward_weights
 from rlagent.train.writers import MetricWriter
@@ -342,7 +341,7 @@ def _add_evaluation(new_rows, runs, metrics) -> None:
 def _evaluator(trainer: Trainer, env, rollout_config, num_episodes: int):
     """`jit(vmap(evaluate))` over the runs' parameters (`rlagent.train.evaluation`)."""
     evaluate = evaluation.make_evaluate(
-        env, trainer.graphdef, rollout_config, episode_metrics, num_episodes=num_episodes
+        env, trainer.graphdef, rollout_config, num_episodes=num_episodes
     )
     return jax.jit(jax.vmap(evaluate))
 
