@@ -186,7 +186,7 @@ def test_rejects_bad_arguments(env, episodes):
             ep.signals,
             jax.random.key(0),
             reward_weights=WEIGHTS[0],
-            num_samples=1,
+            num_samples=0,
             config=CONFIG,
         )
     with pytest.raises(ValueError, match="epsilon"):

@@ -136,12 +136,7 @@ def credit_accuracy(
     agree = jnp.sign(c) == jnp.sign(a)
     sign_agreement = _masked_mean(agree.astype(jnp.float32), significant)
 
-    positive, negative = valid & (v > 0), valid & (v < 0)
-    pair = positive | negative
-    ranks = _ranks(c, pair)
-    num_pos, num_neg = jnp.sum(positive), jnp.sum(negative)
-    u = jnp.sum(jnp.where(positive, ranks, 0.0)) - num_pos * (num_pos + 1) / 2
-    auroc = jnp.where((num_pos > 0) & (num_neg > 0), u / (num_pos * num_neg), jnp.nan)
+    auroc = verdict_auroc(c, valid, v)
 
     error = c - a
     var_a = _masked_var(a, valid)
@@ -150,12 +145,35 @@ def credit_accuracy(
         spearman=spearman,
         pearson=pearson,
         sign_agreement=sign_agreement,
-        auroc_verdict=auroc.astype(jnp.float32),
+        auroc_verdict=auroc,
         relative_bias=bias / jnp.sqrt(var_a),
         relative_variance=_masked_var(error, valid) / var_a,
         num_turns=jnp.sum(valid).astype(jnp.float32),
         num_significant=jnp.sum(significant).astype(jnp.float32),
     )
+
+
+def verdict_auroc(scores: jax.Array, mask: jax.Array, verdict: jax.Array) -> jax.Array:
+    """P(a turn the oracle judged valid (verdict > 0) scores above one judged wrong (< 0)).
+
+    The Mann-Whitney U statistic over the turns of `mask` with a non-zero verdict, ties
+    counting one half; NaN when either class is empty. Any shape (flattened), float32.
+
+    Args:
+      scores: per-turn scores (credit, PRM probabilities, labels).
+      mask: bool, the turns to rank (e.g. played turns).
+      verdict: the oracle process verdict of each turn (`Trajectory.verdict`).
+    """
+    chex.assert_equal_shape([scores, mask, verdict])
+    s = scores.reshape(-1).astype(jnp.float32)
+    valid, v = mask.reshape(-1), verdict.reshape(-1)
+    positive, negative = valid & (v > 0), valid & (v < 0)
+    ranks = _ranks(s, positive | negative)
+    num_pos = jnp.sum(positive).astype(jnp.float32)
+    num_neg = jnp.sum(negative).astype(jnp.float32)
+    u = jnp.sum(jnp.where(positive, ranks, 0.0)) - num_pos * (num_pos + 1) / 2
+    ok = (num_pos > 0) & (num_neg > 0)
+    return jnp.where(ok, u / jnp.maximum(num_pos * num_neg, 1.0), jnp.nan).astype(jnp.float32)
 
 
 def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:

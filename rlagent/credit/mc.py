@@ -289,7 +289,8 @@ def mc_values(
         turn s (e.g. `replay_states`, or the rollout's carries at turn starts).
       prefix: `[B, S]` signals of the played episodes (`trajectory_signals`).
       key: PRNG key of the continuations.
-      num_samples: N continuations per value (V and Q each).
+      num_samples: N continuations per value (V and Q each); with N = 1 the standard
+        errors are NaN (labels from single completions, `rlagent.prm.labels`).
       reward_weights: `[C]` or `[R, C]` weights of `rewards.COMPONENTS` (e.g.
         `rewards.reward_weights(config, form)`): one reward form or R of them, estimated
         from the same continuations.
@@ -310,8 +311,8 @@ def mc_values(
     for leaf in jax.tree.leaves(forks):
         if leaf.shape[:2] != (batch, num_turns):
             raise ValueError(f"forks leaves must be [B, S, ...] = [{batch}, {num_turns}, ...]")
-    if num_samples < 2:
-        raise ValueError(f"num_samples must be >= 2 (standard errors), got {num_samples}")
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
     forms = weights.reshape(-1, len(COMPONENTS))
 
     # Evaluations: (episode b, turn r, kind) with kind 0 = V(r) (fork at r), 1 = Q(r) (fork

@@ -1,0 +1,23 @@
+"""Process reward models without hand labels: automatic step labels and learned scorers.
+
+`base` defines what every process reward model (PRM) offers the trainer; `labels` turns
+Monte-Carlo continuations into step labels (completion and progress labels).
+"""
+
+from rlagent.prm.base import PRMS
+from rlagent.prm.base import PRMInputs
+from rlagent.prm.base import PRMState
+from rlagent.prm.base import ProcessRewardModel
+from rlagent.prm.labels import completion_labels
+from rlagent.prm.labels import label_quality
+from rlagent.prm.labels import progress_labels
+
+__all__ = [
+    "PRMS",
+    "PRMInputs",
+    "PRMState",
+    "ProcessRewardModel",
+    "completion_labels",
+    "label_quality",
+    "progress_labels",
+]
