@@ -114,6 +114,22 @@ def test_oracle_values_from_the_start_with_discount(env):
     mask = np.asarray(ep.signals.turn_mask)
     np.testing.assert_array_equal(np.asarray(mc.success)[mask], 1.0)
     np.testing.assert_array_equal(np.asarray(mc.advantage)[:, mask], 0.0)
+    # The oracle plays the P - r turns left from a fork at turn r (V at r, Q at r + 1):
+    # sum_r (P - r) + sum_{r < P - 1} (P - r - 1) = P^2 per episode, N = 2 each.
+    plan = mask.sum(axis=1)
+    assert float(mc.turns) == 2 * np.sum(plan**2)
+    # Chunks padded with a repeated evaluation count it once.
+    chunked = credit.mc_values(
+        credit.play_env_policy(env, policy),
+        ep.states,
+        ep.signals,
+        jax.random.key(0),
+        num_samples=2,
+        reward_weights=WEIGHTS,
+        config=TrainConfig(gamma=0.5),
+        chunk_size=6,
+    )
+    assert float(chunked.turns) == float(mc.turns)
 
 
 def test_random_values_match_exhaustive_enumeration(env, episodes):

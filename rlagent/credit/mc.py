@@ -94,6 +94,7 @@ class MCValues(NamedTuple):
     advantage_se: jax.Array  # sqrt(se_V^2 + se_Q^2): V and Q use independent samples.
     success: jax.Array  # [B, S] P(success) from the state before turn s.
     q_success: jax.Array  # [B, S] P(success) after the taken action a_s.
+    turns: jax.Array  # [] float32: environment turns the continuations played (their cost).
 
 
 def trajectory_signals(trajectory: Trajectory) -> TurnSignals:
@@ -352,9 +353,17 @@ def mc_values(
         returns = jax.vmap(lambda w: _returns_from(episode, er, w, config))(forms)  # [R, M]
         success = jnp.any((episode.outcome > 0) & episode.turn_mask, axis=1)
         shape = (per_chunk, num_samples)
-        return returns.reshape(forms.shape[0], *shape).transpose(1, 0, 2), success.reshape(shape)
+        # The padding repeats the last evaluation: only a chunk's distinct ones count.
+        distinct = (chunk_evals != jnp.roll(chunk_evals, 1)).at[0].set(True)
+        distinct = jnp.repeat(distinct, num_samples)
+        turns = jnp.sum(distinct[:, None] & after & played.turn_mask)
+        return (
+            returns.reshape(forms.shape[0], *shape).transpose(1, 0, 2),
+            success.reshape(shape),
+            turns,
+        )
 
-    returns, success = jax.lax.map(evaluate, padded.reshape(num_chunks, per_chunk))
+    returns, success, turns = jax.lax.map(evaluate, padded.reshape(num_chunks, per_chunk))
     returns = returns.reshape(-1, forms.shape[0], num_samples)[:num_evals]  # [E, R, N]
     success = success.reshape(-1, num_samples)[:num_evals].astype(jnp.float32)
     inverse = jnp.zeros_like(order).at[order].set(jnp.arange(num_evals))
@@ -379,6 +388,7 @@ def mc_values(
         advantage_se=out(jnp.sqrt(se[:, :, 0] ** 2 + se[:, :, 1] ** 2)),
         success=jnp.where(turn_mask, p[:, :, 0], 0.0),
         q_success=jnp.where(turn_mask, p[:, :, 1], 0.0),
+        turns=jnp.sum(turns).astype(jnp.float32),
     )
 
 
