@@ -6,11 +6,11 @@ played, every played turn gets its MC advantage under each reward form
 (`rlagent.credit.accuracy`). One row per policy x horizon x estimator x reward x seed.
 
 Policies of several skill levels: `random` (uniform over the grammar), `prover_<eps>`
-(per turn, the oracle with probability eps, else random), both acting on the environment
-state, and `ppo_<k>`, the tiny policy LM of the main experiment after k updates of a
-short PPO run on the horizon's task (`ppo_0`: untrained). The MC target is the advantage
-of the behaviour policy itself (continuations by the same policy; the LM resumes from the
-rollout's carries).
+(per turn, the oracle with probability eps, else random), `oracle`, acting on the
+environment state (`env_policy`), and `ppo_<k>`, the tiny policy LM of the main
+experiment after k updates of a short PPO run on the horizon's task (`ppo_0`:
+untrained). The MC target is the advantage of the behaviour policy itself (continuations
+by the same policy; the LM resumes from the rollout's carries).
 
 Critic: critic-based estimators (GAE, hierarchical) read a value per token. Every one of
 them gets the same *unbiased noisy critic*: V^(s) = the mean return of `critic_samples`
@@ -137,17 +137,11 @@ def make_measure(env: ToolWorld, name: str, base: TrainConfig, config) -> Callab
     `config.first_seed`), continued by itself from the rollout's carries.
     """
     if name.startswith("ppo_"):
-        setup = _lm_setup(config)
-        params = _checkpoint(env, setup, config, int(name.removeprefix("ppo_")))
+        setup = lm_setup(config)
+        params = checkpoint(env, setup, config, int(name.removeprefix("ppo_")))
         measure = _lm_measure(env, setup, base, _Sampling.of(config))
         return lambda key, weights: measure(params, key, weights)
-    if name == "random":
-        policy = mc.uniform_random(env)
-    elif name.startswith("prover_"):
-        epsilon = float(name.removeprefix("prover_"))
-        policy = mc.mixture(mc.uniform_random(env), mc.oracle(env), epsilon)
-    else:
-        raise ValueError(f"Unknown policy {name!r}: 'random', 'prover_<eps>' or 'ppo_<updates>'.")
+    policy = env_policy(env, name)
     play = mc.play_env_policy(env, policy)
 
     def env_episodes(params, env_keys, policy_keys):
@@ -159,8 +153,23 @@ def make_measure(env: ToolWorld, name: str, base: TrainConfig, config) -> Callab
     return lambda key, weights: measure(None, key, weights)
 
 
+def env_policy(env: ToolWorld, name: str) -> mc.EnvPolicy:
+    """The environment-level policy called `name`: `random` (uniform over the grammar),
+    `prover_<eps>` (per turn the oracle with probability eps, else random) or `oracle`."""
+    if name == "random":
+        return mc.uniform_random(env)
+    if name == "oracle":
+        return mc.oracle(env)
+    if name.startswith("prover_"):
+        epsilon = float(name.removeprefix("prover_"))
+        return mc.mixture(mc.uniform_random(env), mc.oracle(env), epsilon)
+    raise ValueError(
+        f"Unknown policy {name!r}: 'random', 'prover_<eps>', 'oracle' or 'ppo_<updates>'."
+    )
+
+
 @functools.cache
-def _lm_measure(env: ToolWorld, setup: _LMSetup, base: TrainConfig, sampling) -> Callable:
+def _lm_measure(env: ToolWorld, setup: LMSetup, base: TrainConfig, sampling) -> Callable:
     """One compiled measurement per environment, shared by every LM checkpoint."""
     rollout = make_rollout(env, setup.graphdef, setup.rollout_config, with_carries=True)
 
@@ -213,29 +222,34 @@ def _measure_fn(episodes: Callable, base: TrainConfig, sampling: _Sampling) -> C
     return measure
 
 
-class _LMSetup(NamedTuple):
+class LMSetup(NamedTuple):
+    """The policy LM of the `ppo_<k>` policies: its configs and graph."""
+
     policy_config: PolicyConfig
     rollout_config: RolloutConfig
     graphdef: Any
 
 
 @functools.cache
-def _lm_setup_cached(model: tuple, rollout: tuple) -> _LMSetup:
+def _lm_setup_cached(model: tuple, rollout: tuple) -> LMSetup:
     policy_config = PolicyConfig(**{"vocab_size": dsl.VOCAB_SIZE, **dict(model)})
     rollout_config = RolloutConfig(**dict(rollout))
     abstract = nnx.eval_shape(lambda: Policy(policy_config, rngs=nnx.Rngs(0)))
-    return _LMSetup(policy_config, rollout_config, nnx.split(abstract)[0])
+    return LMSetup(policy_config, rollout_config, nnx.split(abstract)[0])
 
 
-def _lm_setup(config) -> _LMSetup:
+def lm_setup(config) -> LMSetup:
     """Policy and rollout configs of the LM policies (one graph for every horizon)."""
     return _lm_setup_cached(
         tuple(sorted(config.model.items())), tuple(sorted(config.rollout.items()))
     )
 
 
-def _checkpoint(env: ToolWorld, setup: _LMSetup, config, num_updates: int):
-    """Parameters after `num_updates` PPO updates on `env` (0: the initial policy)."""
+def checkpoint(env: ToolWorld, setup: LMSetup, config, num_updates: int):
+    """Parameters after `num_updates` PPO updates on `env` (0: the initial policy).
+
+    `config.ppo` holds the TrainConfig fields of the run, `config.first_seed` its seed.
+    """
     train_config = TrainConfig.from_mapping({**config.ppo, "num_updates": max(num_updates, 1)})
     trainer = make_train(train_config, env, setup.policy_config, setup.rollout_config)
     state = trainer.init(jax.random.key(config.first_seed))

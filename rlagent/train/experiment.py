@@ -83,6 +83,49 @@ def guardrail_runs(config: ml_collections.ConfigDict) -> list[Run]:
     return runs
 
 
+def prm_runs(config: ml_collections.ConfigDict) -> list[Run]:
+    """Runs of `config.conditions`, one per process reward model: `form` (no PRM),
+    `form/prm=<kind>` or `form/prm=noisy_oracle@<eps>` (flip probability eps).
+
+    The reward forms of one PRM kind (and noise) differ only in their weights and share
+    one compiled program; each PRM kind is a run `prm_<kind>[_<eps>]` whose config sets
+    `train.prm` (and `train.prm_noise`). Labels are the condition names as given.
+    """
+    grouped: dict[tuple[str, float], list[str]] = {}
+    for label in names(config.conditions):
+        form, _, spec = label.partition("/")
+        kind, noise = "none", 0.0
+        if spec:
+            key, _, value = spec.partition("=")
+            kind, _, eps = value.partition("@")
+            if key != "prm" or not kind:
+                raise ValueError(
+                    f"config.conditions: {label!r} must be 'form', 'form/prm=<kind>' or "
+                    "'form/prm=noisy_oracle@<eps>'."
+                )
+            if eps and kind != "noisy_oracle":
+                raise ValueError(f"config.conditions: {label!r}: only noisy_oracle takes @<eps>.")
+            try:
+                noise = float(eps or 0.0)
+            except ValueError:
+                message = f"config.conditions: {label!r}: eps {eps!r} is no number."
+                raise ValueError(message) from None
+        if form.startswith("learned_") and kind == "none":
+            raise ValueError(
+                f"config.conditions: {label!r} reads a PRM's scores; name one as "
+                f"'{form}/prm=<kind>'."
+            )
+        grouped.setdefault((kind, noise), []).append(label)
+    runs = []
+    for (kind, noise), labels in grouped.items():
+        run_config = ml_collections.ConfigDict(config.to_dict())
+        run_config.train.prm = kind
+        run_config.train.prm_noise = noise
+        name = "prm_none" if kind == "none" else f"prm_{kind}" + (f"_{noise:g}" if noise else "")
+        runs.append(Run(name, tuple(labels), run_config))
+    return runs
+
+
 def run_and_report(
     runs: Sequence[Run],
     config: ml_collections.ConfigDict,
@@ -93,12 +136,15 @@ def run_and_report(
     title: str = "",
     mesh: jax.sharding.Mesh | None = None,
     progress: bool = True,
+    experience: str = "env_turns_total",
 ) -> dict[str, Any]:
     """Trains every run (seeds in parallel), then writes metrics.csv, curves.png, summary.*.
 
     A workdir that holds anything is refused unless `resume` (continue every run, see
     `rlagent.train.loop`) or `overwrite` (start clean) is set. A run that diverges is
     reported (marked in the summary) and `loop.Diverged` is raised after the report.
+    `experience` is the x-axis of curves and budgets (`report.summarize`); with
+    `report.TOTAL_TURNS` the rows gain it (`report.with_total_turns`: labels' turns count).
     """
     if int(config.seeds) < 1:
         raise ValueError(f"config.seeds must be >= 1, got {config.seeds}.")
@@ -131,11 +177,15 @@ def run_and_report(
             diverged.append(f"{run.name}: {error}")
         labels = dict(zip(conditions, run.conditions, strict=True))
         rows += [{**row, "condition": labels[row["condition"]]} for row in run_rows]
+    if experience == report.TOTAL_TURNS:
+        rows = report.with_total_turns(rows)
     merged = MetricWriter(workdir, tensorboard=False)
     merged.clear()
     merged.write(rows)
-    report.plot_curves(rows, os.path.join(workdir, "curves.png"), title=title)
-    summary = report.summarize(rows)
+    report.plot_curves(
+        rows, os.path.join(workdir, "curves.png"), title=title, experience=experience
+    )
+    summary = report.summarize(rows, experience=experience)
     report.plot_profiles(summary, os.path.join(workdir, "profiles.png"))
     preface = f"# {title}\n\n" if title else ""
     report.write_summary(

@@ -25,6 +25,12 @@ from rlagent.train.ppo import NONFINITE_METRICS
 
 # Per-seed means over the final updates of these row metrics, when the rows carry them.
 _FINAL_METRICS = ("violation_rate", "turns", "turns_over_plan", "process_score", "collapse_rate")
+# Experience including the environment turns spent on process labels (`with_total_turns`).
+TOTAL_TURNS = "total_turns"
+_EXPERIENCE_TEXT = {
+    "env_turns_total": "environment turns of experience",
+    TOTAL_TURNS: "environment turns in total (experience + labelling continuations)",
+}
 # Held-out success (rlagent.train.evaluation): per seed, the last evaluation of the run.
 EVAL_SUCCESS = ("eval_sampled_success", "eval_greedy_success")
 
@@ -37,6 +43,7 @@ def summarize(
     takeoff: float = 0.5,
     final_fraction: float = 0.1,
     reps: int = 2000,
+    experience: str = "env_turns_total",
 ) -> dict[str, Any]:
     """Per-condition summary and pairwise comparisons of `metric` (success by default).
 
@@ -53,7 +60,9 @@ def summarize(
     `eval_sampled_success` / `eval_greedy_success`, when the rows carry held-out
     evaluations, are each seed's last evaluation (summarised like the final value).
     `diverged_seeds` counts seeds whose training stopped on a non-finite loss or gradient
-    (their numbers end there; the table marks the condition).
+    (their numbers end there; the table marks the condition). `experience` is the row key
+    of the x-axis: `env_turns_total`, or `TOTAL_TURNS` (`with_total_turns`: labelling
+    continuations counted too).
 
     Returns {"conditions": {name: entry}, "comparisons": [...], "settings": {...}} where
     an entry holds `num_seeds`, `seeds`, `per_seed` (lists in seed order), `final_<metric>`
@@ -65,7 +74,7 @@ def summarize(
     curves = _curves(rows)
     if not curves:
         raise ValueError("summarize needs at least one row.")
-    budget = min(float(c[-1]["env_turns_total"]) for seeds in curves.values() for c in seeds)
+    budget = min(float(c[-1][experience]) for seeds in curves.values() for c in seeds)
     final_key = f"final_{metric}"
     conditions = {}
     for condition, seeds in curves.items():
@@ -73,7 +82,7 @@ def summarize(
         for seed_rows in seeds:
             tail = seed_rows[-max(1, int(round(len(seed_rows) * final_fraction))) :]
             values = [float(r[metric]) for r in seed_rows]
-            turns = [float(r["env_turns_total"]) for r in seed_rows]
+            turns = [float(r[experience]) for r in seed_rows]
             per_seed["seed"].append(int(seed_rows[0]["seed"]))
             per_seed[final_key].append(float(np.mean([r[metric] for r in tail])))
             per_seed["auc"].append(stats.area_under_curve(values, turns, budget))
@@ -119,6 +128,7 @@ def summarize(
         "takeoff_threshold": takeoff,
         "thresholds": list(thresholds),
         "budget_env_turns": budget,
+        "experience": experience,
         "bootstrap_reps": reps,
     }
     return {"conditions": conditions, "comparisons": comparisons, "settings": settings}
@@ -168,11 +178,12 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
                 f"{c['p_holm']:.3g}{mark} |\n"
             )
     budget = settings["budget_env_turns"]
+    turns = _EXPERIENCE_TEXT[settings.get("experience", "env_turns_total")]
     table += (
         f"\nFinal = mean over the last {settings['final_fraction']:.0%} of updates; IQM and "
         "mean with stratified bootstrap 95% CIs over seeds; take-off with exact "
         f"Clopper-Pearson 95% CIs; AUC = area under the {metric} curve over the first "
-        f"{budget:,.0f} environment turns (the least any run had), normalised to [0, 1]; "
+        f"{budget:,.0f} {turns} (the least any run had), normalised to [0, 1]; "
         "turns to p: median over all seeds, unreached seeds censored at that budget.\n"
     )
     return table
@@ -185,11 +196,17 @@ def plot_curves(
     metric: str = "success",
     title: str = "",
     smooth: int = 5,
+    experience: str = "env_turns_total",
+    band: str = "minmax",
 ) -> None:
-    """Plots `metric` vs environment turns: mean over seeds, min-max band, per condition.
+    """Plots `metric` vs experience (`experience`, see `summarize`): mean over seeds and a
+    band per condition, `band` "minmax" (over seeds) or "ci95" (Student-t 95% interval of
+    the mean over seeds, `stats.mean_ci`).
 
     Each seed's curve is first smoothed by a trailing moving average over `smooth` updates.
     """
+    if band not in ("minmax", "ci95"):
+        raise ValueError(f"band must be 'minmax' or 'ci95', got {band!r}.")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -200,13 +217,16 @@ def plot_curves(
         length = min(len(c) for c in curves)
         values = np.array([[r[metric] for r in c[:length]] for c in curves])
         values = _moving_average(values, smooth)
-        turns = np.mean([[r["env_turns_total"] for r in c[:length]] for c in curves], axis=0)
+        turns = np.mean([[r[experience] for r in c[:length]] for c in curves], axis=0)
         mean = values.mean(axis=0)
         (line,) = ax.plot(turns, mean, label=f"{condition} ({len(curves)} seeds)")
-        ax.fill_between(
-            turns, values.min(axis=0), values.max(axis=0), alpha=0.15, color=line.get_color()
-        )
-    ax.set_xlabel("environment turns of experience (per seed)")
+        if band == "minmax":
+            low, high = values.min(axis=0), values.max(axis=0)
+        else:
+            half = np.array([stats.mean_ci(column)["ci95"] for column in values.T])
+            low, high = mean - half, mean + half
+        ax.fill_between(turns, low, high, alpha=0.15, color=line.get_color())
+    ax.set_xlabel(f"{_EXPERIENCE_TEXT[experience]} (per seed)")
     ax.set_ylabel(f"{metric} (moving average of {smooth} updates)" if smooth > 1 else metric)
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -214,6 +234,20 @@ def plot_curves(
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def with_total_turns(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with `TOTAL_TURNS`: `env_turns_total` plus the run's `label_turns` so far (the
+    environment turns its process labels cost, 0 when a row has none), per condition and
+    seed in update order."""
+    spent: dict[tuple[str, int], float] = defaultdict(float)
+    out = []
+    for row in sorted(rows, key=lambda r: (str(r["condition"]), int(r["seed"]), r["update"])):
+        key = (str(row["condition"]), int(row["seed"]))
+        label_turns = float(row.get("label_turns", 0.0) or 0.0)
+        spent[key] += label_turns if np.isfinite(label_turns) else 0.0
+        out.append({**row, TOTAL_TURNS: float(row["env_turns_total"]) + spent[key]})
+    return out
 
 
 def plot_profiles(summary: Mapping[str, Any], path: str) -> None:

@@ -1,0 +1,228 @@
+"""The process-rewards experiment (experiments/process_rewards.py), importable.
+
+1. PPO with every condition of `config.conditions` (`train.experiment.prm_runs`: one
+   compiled program per PRM kind), success against *total* environment turns (experience
+   plus the turns labelling continuations played, `report.TOTAL_TURNS`), 95% CIs over seeds.
+2. The label-quality study (`rlagent.prm.study`, section `config.labels`).
+3. Reward hacking of a learned PRM (`hacking`): per PRM, its sum / min / potential forms
+   side by side. The sum form pays for every step the PRM scores above 1/2, so a PRM that
+   over-scores some steps invites farming them (more turns, less success; Cheng et al.
+   2025, "Stop Summation"); the min form pays the worst step, potential shaping telescopes.
+
+Training runs first, so that a refused workdir is refused before anything is computed.
+`summary.md` / `summary.json` hold the training summary (`report.summarize`), the label
+study and the hacking table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from rlagent.envs import ToolWorld
+from rlagent.envs import horizon_config
+from rlagent.prm import study
+from rlagent.train import experiment
+from rlagent.train import provenance
+from rlagent.train import report
+from rlagent.train import stats
+from rlagent.train.writers import MetricWriter
+
+# Per-seed means over the final updates, per learned condition (the hacking table).
+HACKING_METRICS = ("success", "turns", "turns_over_plan", "collapse_rate", "prm_auroc")
+# The PRM-weighted forms compared, in table order; the first is the one suspected of farming.
+FORMS = ("learned_sum", "learned_min", "learned_potential")
+LABEL_FILES = (study.FILENAME, "label_quality.png")
+TITLE = "ToolWorld: process rewards without hand labels"
+
+
+def run(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    mesh: jax.sharding.Mesh | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Trains, labels and reports into `workdir`; returns the summary written to JSON.
+
+    With `resume`, a finished label study (label_quality.csv) is kept, not recomputed.
+    """
+    start = time.time()
+    runs = experiment.prm_runs(config)  # condition errors before anything is written
+    label_env = _label_env(config)
+    if overwrite:
+        for name in LABEL_FILES:
+            if os.path.exists(os.path.join(workdir, name)):
+                os.remove(os.path.join(workdir, name))
+    summary = experiment.run_and_report(
+        runs,
+        config,
+        workdir=workdir,
+        resume=resume,
+        overwrite=overwrite,
+        title=TITLE,
+        mesh=mesh,
+        progress=progress,
+        experience=report.TOTAL_TURNS,
+    )
+    rows = MetricWriter(workdir, tensorboard=False).read()
+    report.plot_curves(
+        rows,
+        os.path.join(workdir, "curves.png"),
+        title=TITLE,
+        experience=report.TOTAL_TURNS,
+        band="ci95",
+    )
+    label_writer = MetricWriter(workdir, tensorboard=False, filename=study.FILENAME)
+    label_rows = label_writer.read() if resume else []
+    if not label_rows:
+        label_rows = study.run(config.labels, label_env, workdir)
+    hacking = hacking_table(rows)
+    full = {
+        **summary,
+        "label_quality": study.summarize(label_rows),
+        "hacking": hacking,
+    }
+    text = (
+        f"# {TITLE}\n\n## PPO: success vs total environment turns\n\n"
+        + report.markdown_table(summary)
+        + "\n## Label quality (automatic step labels vs the oracle verdict)\n"
+        + study.markdown(full["label_quality"])
+        + "\n## Reward hacking: sum vs min vs potential form of each PRM\n\n"
+        + hacking_markdown(hacking)
+    )
+    with open(os.path.join(workdir, "summary.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+        json.dump(full, f, indent=2)
+    record = provenance.collect(
+        config.to_dict(),
+        runs=[r.name for r in runs],
+        label_rows=len(label_rows),
+        wall_s=round(time.time() - start, 1),
+    )
+    provenance.write(workdir, record)
+    print(text[text.index("## Label quality") :])
+    return full
+
+
+def _label_env(config: ml_collections.ConfigDict) -> ToolWorld:
+    horizon = int(config.labels.horizon)
+    if horizon:
+        return ToolWorld(horizon_config(horizon))
+    return experiment.build(config).env
+
+
+def hacking_table(
+    rows: Sequence[Mapping[str, Any]], *, final_fraction: float = 0.1
+) -> dict[str, Any]:
+    """Per PRM (the `prm=...` part of a condition), its learned forms side by side.
+
+    Per seed, each of HACKING_METRICS is averaged over the last `final_fraction` of updates
+    (NaN entries, e.g. `prm_auroc` of updates it was not measured, skipped); a form's entry
+    is the mean ± 95% CI over seeds (`stats.mean_ci`; None when no seed measured it).
+    `vs_sum` holds, for every other form, the paired per-seed difference sum - form of
+    success and turns: farming shows as turns > 0 and success < 0.
+
+    Returns {prm: {"forms": {form: {metric: mean_ci | None}}, "vs_sum": {form: {...}}}}.
+    """
+    per_seed: dict[str, dict[str, dict[int, dict[str, float]]]] = defaultdict(dict)
+    curves: dict[tuple[str, int], list[Mapping[str, Any]]] = defaultdict(list)
+    for row in rows:
+        curves[(str(row["condition"]), int(row["seed"]))].append(row)
+    for (condition, seed), seed_rows in curves.items():
+        form, _, spec = condition.partition("/prm=")
+        if form not in FORMS or not spec:
+            continue
+        seed_rows = sorted(seed_rows, key=lambda r: r["update"])
+        tail = seed_rows[-max(1, int(round(len(seed_rows) * final_fraction))) :]
+        per_seed[spec].setdefault(form, {})[seed] = {
+            metric: _nanmean([r.get(metric, math.nan) for r in tail]) for metric in HACKING_METRICS
+        }
+    table = {}
+    for prm, forms in per_seed.items():
+        entry = {"forms": {}, "vs_sum": {}}
+        for form in (f for f in FORMS if f in forms):
+            entry["forms"][form] = {
+                metric: _mean_ci([s[metric] for s in forms[form].values()])
+                for metric in HACKING_METRICS
+            }
+        if FORMS[0] in forms:
+            summed = forms[FORMS[0]]
+            for form in (f for f in FORMS[1:] if f in forms):
+                seeds = sorted(set(summed) & set(forms[form]))
+                entry["vs_sum"][form] = {
+                    metric: _mean_ci([summed[s][metric] - forms[form][s][metric] for s in seeds])
+                    for metric in ("success", "turns")
+                }
+        table[prm] = entry
+    return table
+
+
+def hacking_markdown(table: Mapping[str, Any]) -> str:
+    """The hacking table as Markdown, with a farming verdict per PRM and form."""
+    if not table:
+        return "No learned-PRM conditions were trained.\n"
+    header = ["PRM", "form", "final success", "turns / episode", "turns over plan"]
+    header += ["collapse rate", "PRM AUROC (held-out turns)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for prm, entry in table.items():
+        for form, metrics in entry["forms"].items():
+            cells = [prm, form] + [_pm(metrics[m]) for m in HACKING_METRICS]
+            lines.append("| " + " | ".join(cells) + " |")
+    lines.append(
+        "\nSum form minus the other forms (paired over seeds, mean ± 95% CI); farming = more "
+        "turns per episode (CI above 0) and lower success (CI below 0):\n"
+    )
+    lines.append("| PRM | sum - form | Δ success | Δ turns / episode | farming? |")
+    lines.append("|---|---|---|---|---|")
+    for prm, entry in table.items():
+        for form, delta in entry["vs_sum"].items():
+            lines.append(
+                f"| {prm} | {form} | {_pm(delta['success'])} | {_pm(delta['turns'])} | "
+                f"{_farming(delta)} |"
+            )
+    lines.append(
+        "\nFinal = mean over the last 10% of updates per seed; mean ± Student-t 95% CI over "
+        "seeds.\n"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _farming(delta: Mapping[str, Any]) -> str:
+    success, turns = delta["success"], delta["turns"]
+    if success is None or turns is None:
+        return "n/a"
+    more_turns = turns["mean"] - turns["ci95"] > 0
+    less_success = success["mean"] + success["ci95"] < 0
+    if more_turns and less_success:
+        return "yes"
+    if turns["mean"] + turns["ci95"] < 0 or success["mean"] - success["ci95"] > 0:
+        return "no"
+    return "not significant"
+
+
+def _nanmean(values: Sequence[Any]) -> float:
+    finite = [float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)]
+    return float(np.mean(finite)) if finite else math.nan
+
+
+def _mean_ci(values: Sequence[float]) -> dict[str, float] | None:
+    finite = [v for v in values if math.isfinite(v)]
+    return stats.mean_ci(finite) if finite else None
+
+
+def _pm(estimate) -> str:
+    return "n/a" if estimate is None else f"{estimate['mean']:.3f} ± {estimate['ci95']:.3f}"

@@ -1,0 +1,348 @@
+"""The label-quality study: automatic step labels scored against the oracle verdict.
+
+A behaviour policy plays B episodes of the experiment's task; from the start of every
+played turn (`rlagent.credit.mc` forks: the LM's rollout carries, or replayed environment
+states) each *completer* plays continuations, and their successes give the step labels of
+`rlagent.prm.labels`:
+
+* completion labels (Math-Shepherd): hard = some continuation after the step succeeds,
+  soft = the fraction that do (the completer is the policy that completes);
+* progress labels (PAV): `(1 + Q_mu - V_mu) / 2` under the prover mu (the completer is the
+  prover).
+
+Every label is scored against the oracle verdict (`labels.label_quality`: accuracy and
+AUROC over turns with a non-zero verdict) for N = 1, 2, 4, ... continuations, with its cost
+in environment turns (`MCValues.turns`, V and Q continuations both: completion labels read
+only Q, so they could be had for about half).
+
+Completers (the names of `config.completers`):
+  policy              the behaviour policy itself (what the learned PRM of training uses);
+  policy+oracle_<eps> the behaviour policy, each continuation replaced by the oracle's with
+                      probability eps (the prover of `TrainConfig.prm_prover_epsilon`);
+  random, prover_<eps>, oracle
+                      environment-level policies of `rlagent.credit.study.env_policy`
+                      (uniform over the grammar; per turn the oracle with probability eps).
+Behaviours (`config.behaviours`) are `ppo_<k>` (the policy LM after k PPO updates,
+`credit.study.checkpoint`) or environment-level policies. The AUROC needs turns the
+oracle judged good and bad in one batch: an early learner makes almost only mistakes
+(level 2: 3 good of 168 judged turns at `ppo_0`), `prover_0.5` about as many of each.
+
+The N-sweep shares its continuations: `max(N)` independent single-continuation estimates
+(`mc_values(num_samples=1)`) per completer, and the label with N continuations averages the
+first N of them (costing the sum of their turns). Each N is thus an unbiased N-sample
+label, and the curves over N compare labels of common random numbers.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from collections import defaultdict
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from rlagent.credit import lm
+from rlagent.credit import mc
+from rlagent.credit import study as credit_study
+from rlagent.envs import ToolWorld
+from rlagent.prm import labels
+from rlagent.rollout import make_rollout
+from rlagent.train import stats
+from rlagent.train.config import TrainConfig
+from rlagent.train.experiment import names
+from rlagent.train.rewards import reward_weights
+from rlagent.train.writers import MetricWriter
+from rlagent.types import Trajectory
+
+# (labeller, label form) of every row, in table order.
+LABELLERS = (("completion", "hard"), ("completion", "soft"), ("progress", "soft"))
+FILENAME = "label_quality.csv"
+
+
+def run(config: ml_collections.ConfigDict, env: ToolWorld, workdir: str) -> list[dict[str, Any]]:
+    """Runs the study on `env`; writes label_quality.csv and label_quality.png to workdir.
+
+    Args:
+      config: the study's section (see experiments/configs/process_rewards.py `labels`):
+        behaviours, completers, samples, seeds, first_seed, num_episodes, chunk_size, and
+        model / rollout / ppo for LM behaviours (`credit.study.checkpoint`).
+      env: the task.
+      workdir: output folder (created).
+    Returns:
+      The rows, one per behaviour x seed x completer x labeller x N.
+    """
+    samples = sorted({int(n) for n in names(config.samples, "labels.samples", "N")})
+    if samples[0] < 1:
+        raise ValueError(f"config.labels.samples must be >= 1, got {samples[0]}.")
+    completers = names(config.completers, "labels.completers", "completer")
+    rows = []
+    for behaviour_name in names(config.behaviours, "labels.behaviours", "behaviour"):
+        behaviour = make_behaviour(env, behaviour_name, config)
+        sweeps = {name: behaviour.sweep(name) for name in completers}  # name errors first
+        for seed in range(config.first_seed, config.first_seed + config.seeds):
+            episodes_key, labels_key = jax.random.split(jax.random.key(seed))
+            trajectory, forks = behaviour.episodes(episodes_key, config.num_episodes)
+            for c, name in enumerate(completers):
+                values = sweeps[name](forks, trajectory, jax.random.fold_in(labels_key, c))
+                rows += [
+                    {"behaviour": behaviour_name, "seed": seed, **row}
+                    for row in quality_rows(values, trajectory, samples, completer=name)
+                ]
+            print(f"label study: {behaviour_name} seed {seed} labelled", flush=True)
+    os.makedirs(workdir, exist_ok=True)
+    writer = MetricWriter(workdir, tensorboard=False, filename=FILENAME)
+    writer.clear()
+    writer.write(rows)
+    plot(rows, os.path.join(workdir, "label_quality.png"))
+    return rows
+
+
+class Behaviour(NamedTuple):
+    """The behaviour policy of the study and the label sweeps of its completers."""
+
+    # episodes(key, B) -> (trajectory [B, S], forks [B, S, ...]).
+    episodes: Callable[[jax.Array, int], tuple[Trajectory, Any]]
+    # sweep(completer) -> fn(forks, trajectory, key) -> MCValues with a leading [max N].
+    sweep: Callable[[str], Callable]
+
+
+def make_behaviour(env: ToolWorld, name: str, config: ml_collections.ConfigDict) -> Behaviour:
+    """The behaviour policy `name` and its label sweeps of up to max(config.samples)."""
+    max_samples = max(int(n) for n in names(config.samples, "labels.samples", "N"))
+    base = TrainConfig()
+    chunk_size = int(config.chunk_size)
+    if name.startswith("ppo_"):
+        setup = credit_study.lm_setup(config)
+        params = credit_study.checkpoint(env, setup, config, int(name.removeprefix("ppo_")))
+        rollout = jax.jit(
+            make_rollout(env, setup.graphdef, setup.rollout_config, with_carries=True)
+        )
+
+        def lm_episodes(key, num_episodes):
+            env_key, policy_key = jax.random.split(key)
+            trajectory, carries = rollout(
+                params,
+                jax.random.split(env_key, num_episodes),
+                jax.random.split(policy_key, num_episodes),
+            )
+            return trajectory, lm.forks_from_carries(carries)
+
+        def lm_play(completer: str) -> tuple[Callable, Any]:
+            if completer == "policy" or completer.startswith("policy+oracle_"):
+                epsilon = float(completer.removeprefix("policy").removeprefix("+oracle_") or 0)
+                play = lm.play_policy(
+                    env, setup.graphdef, setup.rollout_config, params, oracle_epsilon=epsilon
+                )
+                return play
+            play = mc.play_env_policy(env, credit_study.env_policy(env, completer))
+            return lambda carries, keys: play(carries.env_state, keys)
+
+        return Behaviour(
+            lm_episodes,
+            lambda completer: _sweep(lm_play(completer), base, max_samples, chunk_size),
+        )
+
+    policy = credit_study.env_policy(env, name)
+
+    def env_episodes(key, num_episodes):
+        env_key, policy_key = jax.random.split(key)
+        env_keys = jax.random.split(env_key, num_episodes)
+        played = _rollout_env(env, policy, env_keys, jax.random.split(policy_key, num_episodes))
+        return credit_study.env_trajectory(played), played.states
+
+    def env_play(completer: str) -> Callable:
+        if completer == "policy":
+            continuation = policy
+        elif completer.startswith("policy+oracle_"):
+            epsilon = float(completer.removeprefix("policy+oracle_"))
+            continuation = mc.mixture(policy, mc.oracle(env), epsilon, per="episode")
+        else:
+            continuation = credit_study.env_policy(env, completer)
+        return mc.play_env_policy(env, continuation)
+
+    return Behaviour(
+        env_episodes, lambda completer: _sweep(env_play(completer), base, max_samples, chunk_size)
+    )
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _rollout_env(env, policy, env_keys, policy_keys):
+    return mc.rollout_env_policy(env, policy, env_keys, policy_keys)
+
+
+def _sweep(play: Callable, config: TrainConfig, max_samples: int, chunk_size: int) -> Callable:
+    """Jitted `(forks, trajectory, key) -> MCValues [max_samples, ...]`: single-continuation
+    MC values, one after the other (`lax.map`, so each skips its finished forks)."""
+    weights = reward_weights(config, "outcome")
+
+    @jax.jit
+    def sweep(forks, trajectory, key):
+        prefix = mc.trajectory_signals(trajectory)
+        return jax.lax.map(
+            lambda k: mc.mc_values(
+                play,
+                forks,
+                prefix,
+                k,
+                num_samples=1,
+                reward_weights=weights,
+                config=config,
+                chunk_size=chunk_size,
+            ),
+            jax.random.split(key, max_samples),
+        )
+
+    return sweep
+
+
+def first_samples(values: mc.MCValues, n: int) -> mc.MCValues:
+    """The N = n estimate from single-continuation estimates `[M, ...]` (M >= n): means of
+    the first n (standard errors dropped: NaN), turns summed."""
+    mean = jax.tree.map(lambda x: jnp.mean(x[:n], axis=0), values)
+    nan = jnp.full_like(mean.value_se, jnp.nan)
+    return mean._replace(
+        value_se=nan, q_value_se=nan, advantage_se=nan, turns=jnp.sum(values.turns[:n])
+    )
+
+
+def quality_rows(
+    values: mc.MCValues, trajectory: Trajectory, samples: Sequence[int], *, completer: str
+) -> list[dict[str, Any]]:
+    """Rows of every labeller x N in `samples` from single-continuation values `[M, ...]`."""
+    turn_mask, verdict = trajectory.turn_mask, trajectory.verdict
+    played = float(jnp.sum(turn_mask))
+    rows = []
+    for n in samples:
+        estimate = first_samples(values, n)
+        hard, soft = labels.completion_labels(estimate, turn_mask)
+        by_labeller = {
+            ("completion", "hard"): hard,
+            ("completion", "soft"): soft,
+            ("progress", "soft"): labels.progress_labels(estimate, turn_mask),
+        }
+        for (labeller, form), label in by_labeller.items():
+            quality = _quality(label, turn_mask, verdict)
+            rows.append(
+                dict(
+                    labeller=labeller,
+                    label=form,
+                    completer=completer,
+                    n=n,
+                    accuracy=float(quality.accuracy),
+                    auroc=float(quality.auroc),
+                    judged_turns=float(quality.num_turns),
+                    label_turns=float(estimate.turns),
+                    label_turns_per_turn=float(estimate.turns) / max(played, 1.0),
+                    played_turns=played,
+                    episodes=int(turn_mask.shape[0]),
+                    behaviour_success=float(jnp.mean(jnp.sum(trajectory.outcome, axis=1) > 0)),
+                )
+            )
+    return rows
+
+
+_quality = jax.jit(labels.label_quality)
+
+
+# Reports --------------------------------------------------------------------------------
+
+
+def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Mean and 95% CI over seeds of accuracy, AUROC and label turns, keyed
+    `"labeller/label | behaviour"` -> completer -> str(N)."""
+    cells = defaultdict(list)
+    for row in rows:
+        labeller = f"{row['labeller']}/{row['label']} | {row['behaviour']}"
+        cells[(labeller, row["completer"], int(row["n"]))].append(row)
+    summary: dict[str, Any] = {}
+    for (labeller, completer, n), cell in sorted(cells.items(), key=lambda kv: kv[0][2]):
+        entry = {}
+        for metric in ("accuracy", "auroc", "label_turns", "label_turns_per_turn"):
+            values = [float(r[metric]) for r in cell if not math.isnan(float(r[metric]))]
+            entry[metric] = stats.mean_ci(values) if values else None
+        entry["seeds"] = len(cell)
+        summary.setdefault(labeller, {}).setdefault(completer, {})[str(n)] = entry
+    return summary
+
+
+def markdown(summary: Mapping[str, Any]) -> str:
+    """One table per labeller: completers x N, AUROC (accuracy) mean ± 95% CI, and the
+    label cost in environment turns per labelled turn."""
+    lines = []
+    for labeller, completers in summary.items():
+        samples = list(next(iter(completers.values())))
+        lines.append(f"\n### {labeller}: AUROC / accuracy vs the oracle verdict\n")
+        header = ["completer"] + [f"N={n}" for n in samples]
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "---|" * len(header))
+        for completer, by_n in completers.items():
+            cells = [completer] + [
+                f"{_pm(by_n[n]['auroc'])} / {_pm(by_n[n]['accuracy'])}" for n in samples
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+        cost = ["env turns per labelled turn"] + [
+            " / ".join(
+                f"{by_n[n]['label_turns_per_turn']['mean']:.1f}" for by_n in completers.values()
+            )
+            for n in samples
+        ]
+        lines.append("| " + " | ".join(cost) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: Sequence[Mapping[str, Any]], path: str) -> None:
+    """AUROC (top) and accuracy (bottom) vs N, one panel per labeller, one line per
+    completer, 95% CI over seeds (clipped to [0, 1])."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = summarize(rows)
+    metrics = ("auroc", "accuracy")
+    fig, axes = plt.subplots(
+        len(metrics),
+        len(summary),
+        figsize=(3.8 * len(summary), 3.0 * len(metrics)),
+        squeeze=False,
+        sharex=True,
+        sharey=True,
+    )
+    for j, (labeller, completers) in enumerate(summary.items()):
+        for i, metric in enumerate(metrics):
+            ax = axes[i, j]
+            for completer, by_n in completers.items():
+                points = sorted((int(n), e[metric]) for n, e in by_n.items() if e[metric])
+                if not points:
+                    continue
+                x = [n for n, _ in points]
+                mean = np.array([s["mean"] for _, s in points])
+                ci = np.array([s["ci95"] for _, s in points])
+                (line,) = ax.plot(x, mean, marker="o", markersize=3, label=completer)
+                low, high = np.clip(mean - ci, 0, 1), np.clip(mean + ci, 0, 1)
+                ax.fill_between(x, low, high, alpha=0.15, color=line.get_color())
+            ax.set_xscale("log", base=2)
+            ax.set_ylim(-0.05, 1.05)
+            ax.grid(alpha=0.3)
+            ax.set_title(labeller, fontsize=9)
+            if i == len(metrics) - 1:
+                ax.set_xlabel("N continuations per label")
+            if j == 0:
+                ax.set_ylabel(f"{metric} vs oracle verdict")
+    axes[0, -1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _pm(estimate) -> str:
+    return "n/a" if estimate is None else f"{estimate['mean']:.2f} ± {estimate['ci95']:.2f}"

@@ -1,0 +1,187 @@
+"""The process-rewards experiment: condition parsing, the label study, the hacking table."""
+
+import math
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from experiments.configs import process_rewards
+from rlagent.credit import mc
+from rlagent.prm import experiment as prm_experiment
+from rlagent.prm import study
+from rlagent.train import experiment
+from rlagent.train import report
+from rlagent.train.config import TrainConfig
+from rlagent.train.rewards import reward_weights
+
+
+def _label_config():
+    config = process_rewards.get_config().labels
+    config.behaviours = "prover_0.5"
+    config.completers = "policy,oracle"
+    config.samples = "2,1"
+    config.seeds = 1
+    config.num_episodes = 8
+    return config
+
+
+@pytest.fixture(scope="module")
+def label_setup():
+    config = _label_config()
+    env = experiment.build(process_rewards.get_config()).env
+    behaviour = study.make_behaviour(env, "prover_0.5", config)
+    trajectory, forks = behaviour.episodes(jax.random.key(3), config.num_episodes)
+    return env, config, behaviour, trajectory, forks
+
+
+def test_prm_runs_group_conditions_by_prm_kind():
+    config = process_rewards.get_config()
+    config.conditions = (
+        "outcome,potential,learned_sum/prm=noisy_oracle@0.2,learned_min/prm=noisy_oracle@0.2,"
+        "learned_sum/prm=noisy_oracle@0.4,learned_sum/prm=completion,learned_min/prm=completion"
+    )
+    runs = experiment.prm_runs(config)
+    assert [r.name for r in runs] == [
+        "prm_none",
+        "prm_noisy_oracle_0.2",
+        "prm_noisy_oracle_0.4",
+        "prm_completion",
+    ]
+    assert runs[1].conditions == (
+        "learned_sum/prm=noisy_oracle@0.2",
+        "learned_min/prm=noisy_oracle@0.2",
+    )
+    assert [(r.config.train.prm, r.config.train.prm_noise) for r in runs] == [
+        ("none", 0.0),
+        ("noisy_oracle", 0.2),
+        ("noisy_oracle", 0.4),
+        ("completion", 0.0),
+    ]
+    assert config.train.get("prm", "none") == "none"  # the experiment config is not changed.
+    # The default config's conditions parse: one run per PRM kind and noise level.
+    default = experiment.prm_runs(process_rewards.get_config())
+    assert len(default) == 1 + 2 + 3
+
+
+@pytest.mark.parametrize(
+    "conditions, message",
+    [
+        ("outcome,learned_sum", "'learned_sum' reads a PRM"),
+        ("learned_sum/critic=completion", "must be 'form'"),
+        ("learned_sum/prm=completion@0.1", "only noisy_oracle takes @<eps>"),
+        ("learned_sum/prm=noisy_oracle@high", "is no number"),
+        (" , ", "config.conditions names no reward form"),
+    ],
+)
+def test_prm_runs_errors_name_the_field(conditions, message):
+    config = process_rewards.get_config()
+    config.conditions = conditions
+    with pytest.raises(ValueError, match="config.conditions") as error:
+        experiment.prm_runs(config)
+    assert message in str(error.value)
+
+
+def test_label_study_rows_are_finite_and_cost_mc_turns(label_setup):
+    env, config, behaviour, trajectory, forks = label_setup
+    key = jax.random.key(5)
+    values = behaviour.sweep("oracle")(forks, trajectory, key)
+    assert values.q_success.shape == (2, *trajectory.turn_mask.shape)  # max N = 2 estimates
+    rows = study.quality_rows(values, trajectory, [1, 2], completer="oracle")
+    assert len(rows) == 2 * len(study.LABELLERS)
+    for row in rows:
+        assert math.isfinite(row["accuracy"]) and 0 <= row["accuracy"] <= 1
+        assert math.isfinite(row["auroc"]) and 0 <= row["auroc"] <= 1
+        assert row["judged_turns"] > 0
+    # The cost of N = n is MCValues.turns of the n single-continuation estimates it
+    # averages: each is mc_values(num_samples=1) with its key of the sweep.
+    keys = jax.random.split(key, 2)
+    play = mc.play_env_policy(env, mc.oracle(env))
+    single = [
+        mc.mc_values(
+            play,
+            forks,
+            mc.trajectory_signals(trajectory),
+            k,
+            num_samples=1,
+            reward_weights=reward_weights(TrainConfig(), "outcome"),
+            config=TrainConfig(),
+        ).turns
+        for k in keys
+    ]
+    by_n = {row["n"]: row["label_turns"] for row in rows}
+    assert by_n[1] == float(single[0]) > 0
+    assert by_n[2] == float(single[0] + single[1])
+    two = study.first_samples(values, 2)
+    np.testing.assert_allclose(two.q_success, values.q_success.mean(0))
+
+
+def test_label_study_writes_csv_and_plot(tmp_path):
+    config = _label_config()
+    env = experiment.build(process_rewards.get_config()).env
+    rows = study.run(config, env, str(tmp_path))
+    assert len(rows) == 2 * 2 * len(study.LABELLERS)  # completers x N x labellers
+    header = (tmp_path / study.FILENAME).read_text().splitlines()[0].split(",")
+    for column in ("labeller", "n", "completer", "accuracy", "auroc", "label_turns", "seed"):
+        assert column in header
+    assert os.path.getsize(tmp_path / "label_quality.png") > 0
+    table = study.markdown(study.summarize(rows))
+    assert "completion/hard | prover_0.5" in table and "N=1" in table and "N=2" in table
+    config.completers = "policy,best_of_4"
+    with pytest.raises(ValueError, match="best_of_4"):
+        study.run(config, env, str(tmp_path))
+
+
+def _rows(condition, seed, success, turns, prm_auroc=math.nan, label_turns=0.0, updates=10):
+    return [
+        dict(
+            condition=condition,
+            seed=seed,
+            update=u + 1,
+            success=success,
+            turns=turns,
+            turns_over_plan=turns - 3.0,
+            collapse_rate=0.0,
+            prm_auroc=prm_auroc if u % 2 else math.nan,  # measured every other update
+            env_turns_total=100.0 * (u + 1),
+            label_turns=label_turns,
+        )
+        for u in range(updates)
+    ]
+
+
+def test_hacking_table_pairs_forms_per_seed():
+    rows = []
+    for seed in (0, 1, 2):
+        rows += _rows("learned_sum/prm=completion", seed, 0.2, 5.0 + seed * 0.1, prm_auroc=0.6)
+        rows += _rows("learned_min/prm=completion", seed, 0.6, 3.0, prm_auroc=0.7)
+        rows += _rows("learned_potential/prm=completion", seed, 0.2 + 0.1 * seed, 5.1)
+        rows += _rows("outcome", seed, 0.5, 3.0)
+    table = prm_experiment.hacking_table(rows)
+    assert set(table) == {"completion"}
+    forms = table["completion"]["forms"]
+    assert forms["learned_sum"]["success"]["mean"] == pytest.approx(0.2)
+    assert forms["learned_sum"]["turns"]["mean"] == pytest.approx(5.1)
+    assert forms["learned_min"]["prm_auroc"]["mean"] == pytest.approx(0.7)  # NaN skipped
+    assert forms["learned_potential"]["prm_auroc"] is None  # never measured
+    vs_sum = table["completion"]["vs_sum"]
+    assert vs_sum["learned_min"]["success"]["mean"] == pytest.approx(-0.4)
+    assert vs_sum["learned_min"]["turns"]["mean"] == pytest.approx(2.1)
+    assert vs_sum["learned_potential"]["success"]["mean"] == pytest.approx(-0.1)
+    text = prm_experiment.hacking_markdown(table)
+    assert "| completion | learned_min | -0.400 ± 0.000 | 2.100 ± 0.248 | yes |" in text
+    assert "| completion | learned_potential |" in text
+    assert prm_experiment.hacking_markdown({}).startswith("No learned-PRM")
+
+
+def test_total_turns_count_label_turns_cumulatively():
+    rows = _rows("learned_sum/prm=completion", 0, 0.5, 4.0, label_turns=50.0, updates=3)
+    rows += _rows("outcome", 0, 0.5, 4.0, updates=3)
+    with_total = report.with_total_turns(rows)
+    total = {(r["condition"], r["update"]): r[report.TOTAL_TURNS] for r in with_total}
+    assert total[("learned_sum/prm=completion", 3)] == 300.0 + 150.0
+    assert total[("outcome", 3)] == 300.0
+    summary = report.summarize(report.with_total_turns(rows), experience=report.TOTAL_TURNS)
+    assert summary["settings"]["budget_env_turns"] == 300.0  # the least any run had
+    assert "labelling continuations" in report.markdown_table(summary)
