@@ -294,7 +294,8 @@ def mc_values(
         errors are NaN (labels from single completions, `rlagent.prm.labels`).
       reward_weights: `[C]` or `[R, C]` weights of `rewards.COMPONENTS` (e.g.
         `rewards.reward_weights(config, form)`): one reward form or R of them, estimated
-        from the same continuations.
+        from the same continuations. The `learned_*` components read a PRM's scores,
+        which continuations have none of: they count 0 here.
       config: gives `gamma` and `prm_temperature` (as in training).
       chunk_size: continuations played at once (memory bound; rounded to whole forks).
     Returns:

@@ -24,7 +24,13 @@ REWARDS = (
     "prm_sum",  # outcome + verdict (prm_rewards form "sum"): process with its outcome term.
     "prm_min",  # outcome + prm_rewards(verdict, form="min").
     "potential",  # outcome + shaping, Phi = 0.5 x valid plan steps taken (rewards.py).
+    # A learned PRM's scores p_s (TrainConfig.prm != "none", rlagent.prm) added to the outcome:
+    "learned_sum",  # outcome + (2 p - 1).
+    "learned_min",  # outcome + prm_rewards(2 p - 1, form="min").
+    "learned_potential",  # outcome + shaping, Phi = 0.5 x sum of the scores of past turns.
 )
+# Reward forms that read a process reward model's scores.
+LEARNED_REWARDS = ("learned_sum", "learned_min", "learned_potential")
 KL_PLACEMENTS = ("none", "reward", "loss")
 SCHEDULES = ("constant", "linear", "cosine")
 
@@ -81,6 +87,20 @@ class TrainConfig:
     # episodes on fixed held-out environment keys, sampled and greedy.
     eval_every: int = 0
     eval_episodes: int = 64
+    # Process reward model (rlagent.prm) whose scores the learned_* reward forms read:
+    # one of rlagent.prm.PRMS ("none": none is built or traced).
+    prm: str = "none"
+    prm_noise: float = 0.0  # noisy_oracle: probability that a verdict label is flipped.
+    # completion / progress: episodes of each batch labelled by Monte-Carlo continuations
+    # (the scorer trains on them; prm_auroc is measured on the others) and continuations
+    # per label.
+    prm_label_episodes: int = 8
+    prm_label_samples: int = 4
+    # progress: the prover is the current policy, replaced per continuation by the oracle
+    # with this probability (credit.lm.play_policy(oracle_epsilon=)).
+    prm_prover_epsilon: float = 0.5
+    prm_learning_rate: float = 1e-3  # AdamW step size of a learned scorer / implicit model.
+    prm_beta: float = 0.05  # implicit: beta of the token rewards beta (log pi_phi - log pi_ref).
 
     def __post_init__(self):
         _check_choice("reward", self.reward, REWARDS)
@@ -120,6 +140,44 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.eval_episodes must be >= 1, got {self.eval_episodes}.")
         if self.learning_rate <= 0 or self.clip_low <= 0 or self.clip_high <= 0:
             raise ValueError("learning_rate, clip_low and clip_high must be positive.")
+        self._check_prm()
+
+    def _check_prm(self) -> None:
+        # Imported here: rlagent.prm's labels read credit.mc, which reads this module.
+        from rlagent.prm.base import PRMS
+
+        _check_choice("prm", self.prm, PRMS)
+        if self.reward in LEARNED_REWARDS and self.prm == "none":
+            raise ValueError(
+                f"TrainConfig.prm must name a process reward model for reward={self.reward!r}, "
+                f"got prm='none'."
+            )
+        # Monte-Carlo credit targets cannot score continuations with a PRM.
+        if self.prm != "none" and self.credit_every:
+            raise ValueError(
+                f"TrainConfig.credit_every must be 0 with prm={self.prm!r}: Monte-Carlo "
+                f"credit targets see no PRM scores (got credit_every={self.credit_every})."
+            )
+        if not 0.0 <= self.prm_noise <= 0.5:
+            raise ValueError(f"TrainConfig.prm_noise must be in [0, 0.5], got {self.prm_noise}.")
+        if self.prm in ("completion", "progress") and not (
+            1 <= self.prm_label_episodes <= self.batch_size
+        ):
+            raise ValueError(
+                f"TrainConfig.prm_label_episodes must be in [1, batch_size={self.batch_size}], "
+                f"got {self.prm_label_episodes}."
+            )
+        if self.prm_label_samples < 1:
+            raise ValueError(
+                f"TrainConfig.prm_label_samples must be >= 1, got {self.prm_label_samples}."
+            )
+        if not 0.0 <= self.prm_prover_epsilon <= 1.0:
+            raise ValueError(
+                f"TrainConfig.prm_prover_epsilon must be in [0, 1], got {self.prm_prover_epsilon}."
+            )
+        for name in ("prm_learning_rate", "prm_beta"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)}.")
 
     @property
     def batch_size(self) -> int:

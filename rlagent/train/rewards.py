@@ -7,6 +7,12 @@ reward form is a weighted sum of a few per-turn *components*; the weights are da
 `[C]` array in the runner state), so runs that differ only in their reward form share
 one compiled program and train side by side under `vmap`.
 
+The `learned_*` forms read a process reward model's scores `p [B, S]` (`rlagent.prm`,
+`TrainConfig.prm`), which the trainer passes as `prm_scores`; without scores (e.g. the
+Monte-Carlo continuations of `rlagent.credit.mc`, which no PRM scores) their components
+are 0, so a Monte-Carlo target never sees a learned reward (`TrainConfig` refuses
+`credit_every` with a PRM).
+
 Reward forms differ in range (process returns span about [-5, 3], outcome [0, 1]), and
 under one learning rate and gradient clip the range changes the effective step size.
 `TrainConfig.normalize_returns` divides every turn reward by a running standard deviation
@@ -18,17 +24,29 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from rlagent.returns import prm_rewards
+from rlagent.train.config import LEARNED_REWARDS
 from rlagent.train.config import REWARDS
 from rlagent.train.config import TrainConfig
 from rlagent.types import Trajectory
 
 # Per-turn reward components, in the order of the weight vectors.
-COMPONENTS = ("outcome", "process", "efficiency", "potential", "prm_min", "violations")
+COMPONENTS = (
+    "outcome",
+    "process",
+    "efficiency",
+    "potential",
+    "prm_min",
+    "violations",
+    "learned_sum",
+    "learned_min",
+    "learned_potential",
+)
 
 # Potential Phi_s = POTENTIAL_SCALE * (number of valid plan steps taken before turn s):
 # one valid step is worth half the outcome, so shaping and outcome share one scale.
@@ -63,12 +81,23 @@ def reward_weights(config: TrainConfig, reward: str | None = None) -> np.ndarray
       prm_min:   outcome_s + prm_rewards(verdict, form="min", temperature)_s.
       potential: outcome_s + gamma * Phi_{s+1} - Phi_s, Phi_s = progress before turn s
                  (Ng et al., 1999: leaves the optimal policy unchanged).
+      learned_sum:       outcome_s + (2 p_s - 1), p_s the PRM's score of turn s.
+      learned_min:       outcome_s + prm_rewards(2 p - 1, form="min", temperature)_s.
+      learned_potential: outcome_s + gamma * Phi_{s+1} - Phi_s with
+                         Phi_s = POTENTIAL_SCALE * sum_{t < s} p_t (as `potential`, with
+                         the PRM's scores in place of the oracle's valid steps).
+    The learned forms need `config.prm != "none"` (refused otherwise, naming `prm`).
     Every form subtracts `config.violation_penalty` once per turn that breaks a guardrail
     rule, however many rules it breaks (a blocked call in penalise mode costs it once).
     """
     reward = config.reward if reward is None else reward
     if reward not in REWARDS:
         raise ValueError(f"Unknown reward {reward!r}; expected one of {REWARDS}.")
+    if reward in LEARNED_REWARDS and config.prm == "none":
+        raise ValueError(
+            f"reward {reward!r} reads a process reward model's scores: set TrainConfig.prm "
+            f"(got prm='none')."
+        )
     outcome_w, process_w, efficiency_w = config.reward_weights
     forms = {
         "outcome": {"outcome": 1.0},
@@ -77,6 +106,7 @@ def reward_weights(config: TrainConfig, reward: str | None = None) -> np.ndarray
         "prm_sum": {"outcome": 1.0, "process": 1.0},
         "prm_min": {"outcome": 1.0, "prm_min": 1.0},
         "potential": {"outcome": 1.0, "potential": 1.0},
+        **{form: {"outcome": 1.0, form: 1.0} for form in LEARNED_REWARDS},
     }
     weights = dict.fromkeys(COMPONENTS, 0.0)
     weights.update(forms[reward])
@@ -84,8 +114,14 @@ def reward_weights(config: TrainConfig, reward: str | None = None) -> np.ndarray
     return np.asarray([weights[name] for name in COMPONENTS], np.float32)
 
 
-def reward_components(trajectory: Trajectory, config: TrainConfig) -> jax.Array:
-    """`[B, S, C]` float32 per-turn components (0 on unplayed turns), C = len(COMPONENTS)."""
+def reward_components(
+    trajectory: Trajectory, config: TrainConfig, prm_scores: jax.Array | None = None
+) -> jax.Array:
+    """`[B, S, C]` float32 per-turn components (0 on unplayed turns), C = len(COMPONENTS).
+
+    `prm_scores` `[B, S]` in [0, 1] are a PRM's scores of the turns (the learned
+    components); None (no PRM, or Monte-Carlo continuations) makes those components 0.
+    """
     turn_mask = trajectory.turn_mask
     valid = turn_mask.astype(jnp.float32)
     verdict = trajectory.verdict * valid
@@ -94,9 +130,9 @@ def reward_components(trajectory: Trajectory, config: TrainConfig) -> jax.Array:
     # A truncated row that the estimator bootstraps from V(s_S) ends in a non-terminal
     # state whose potential is that of every step taken; otherwise the episode's end is
     # terminal (Phi = 0) and the shaping telescopes to -Phi_0.
+    truncated = turn_mask[:, -1] & ~trajectory.done[:, -1]
     final_potential = None
     if config.bootstrap_truncated:
-        truncated = turn_mask[:, -1] & ~trajectory.done[:, -1]
         steps_total = POTENTIAL_SCALE * jnp.sum(verdict > 0, axis=1).astype(jnp.float32)
         final_potential = jnp.where(truncated, steps_total, 0.0)
     components = (
@@ -113,23 +149,31 @@ def reward_components(trajectory: Trajectory, config: TrainConfig) -> jax.Array:
         prm_rewards(verdict, turn_mask, form="min", temperature=config.prm_temperature),
         (trajectory.violations > 0).astype(jnp.float32),
     )
-    return jnp.stack([c * valid for c in components], axis=-1).astype(jnp.float32)
+    if prm_scores is None:
+        learned = (jnp.zeros_like(valid),) * 3
+    else:
+        learned = _learned_components(prm_scores, turn_mask, truncated, config)
+    return jnp.stack([c * valid for c in components + learned], axis=-1).astype(jnp.float32)
 
 
 def turn_rewards(
-    trajectory: Trajectory, config: TrainConfig, weights: jax.Array | None = None
+    trajectory: Trajectory,
+    config: TrainConfig,
+    weights: jax.Array | None = None,
+    prm_scores: jax.Array | None = None,
 ) -> jax.Array:
     """Per-turn rewards `[B, S]` float32: `reward_components @ weights`.
 
     `weights` (`[C]`, e.g. traced from the runner state) default to
-    `reward_weights(config)`.
+    `reward_weights(config)`; `prm_scores` `[B, S]` feed the learned components (0 when
+    None).
     """
     if weights is None:
         weights = reward_weights(config)
     weights = jnp.asarray(weights, jnp.float32)
     if weights.shape != (len(COMPONENTS),):
         raise ValueError(f"weights must have shape ({len(COMPONENTS)},), got {weights.shape}.")
-    return reward_components(trajectory, config) @ weights
+    return reward_components(trajectory, config, prm_scores) @ weights
 
 
 def scale_rewards(
@@ -164,3 +208,29 @@ def scale_rewards(
     )
     sigma = jnp.maximum(jnp.sqrt(stats.m2 / count), RETURN_STD_FLOOR)
     return rewards / sigma, stats
+
+
+def _learned_components(
+    prm_scores: jax.Array, turn_mask: jax.Array, truncated: jax.Array, config: TrainConfig
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`learned_sum`, `learned_min`, `learned_potential` components `[B, S]` of PRM scores."""
+    chex.assert_equal_shape([prm_scores, turn_mask])
+    scores = jnp.where(turn_mask, prm_scores, 0.0).astype(jnp.float32)
+    signed = 2.0 * scores - 1.0  # P(good step) -> [-1, 1], the scale of the oracle verdict.
+    # Phi_s = scale * (scores of the turns before s); the same terminal convention as the
+    # oracle potential (a bootstrapped truncated row ends at the potential of every turn).
+    potential = POTENTIAL_SCALE * (jnp.cumsum(scores, axis=1) - scores)
+    final_potential = None
+    if config.bootstrap_truncated:
+        final_potential = jnp.where(truncated, POTENTIAL_SCALE * jnp.sum(scores, axis=1), 0.0)
+    return (
+        signed,
+        prm_rewards(signed, turn_mask, form="min", temperature=config.prm_temperature),
+        prm_rewards(
+            potential,
+            turn_mask,
+            form="potential",
+            gamma=config.gamma,
+            final_potential=final_potential,
+        ),
+    )
