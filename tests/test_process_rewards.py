@@ -13,8 +13,6 @@ from rlagent.prm import experiment as prm_experiment
 from rlagent.prm import study
 from rlagent.train import experiment
 from rlagent.train import report
-from rlagent.train.config import TrainConfig
-from rlagent.train.rewards import reward_weights
 
 
 def _label_config():
@@ -28,12 +26,12 @@ def _label_config():
 
 
 @pytest.fixture(scope="module")
-def label_setup():
+def label_run(tmp_path_factory):
+    """The label study on a tiny batch (its compiled functions are cached for the rest)."""
     config = _label_config()
     env = experiment.build(process_rewards.get_config()).env
-    behaviour = study.make_behaviour(env, "prover_0.5", config)
-    trajectory, forks = behaviour.episodes(jax.random.key(3), config.num_episodes)
-    return env, config, behaviour, trajectory, forks
+    workdir = tmp_path_factory.mktemp("labels")
+    return env, config, workdir, study.run(config, env, str(workdir))
 
 
 def test_prm_runs_group_conditions_by_prm_kind():
@@ -83,54 +81,43 @@ def test_prm_runs_errors_name_the_field(conditions, message):
     assert message in str(error.value)
 
 
-def test_label_study_rows_are_finite_and_cost_mc_turns(label_setup):
-    env, config, behaviour, trajectory, forks = label_setup
-    key = jax.random.key(5)
-    values = behaviour.sweep("oracle")(forks, trajectory, key)
-    assert values.q_success.shape == (2, *trajectory.turn_mask.shape)  # max N = 2 estimates
-    rows = study.quality_rows(values, trajectory, [1, 2], completer="oracle")
-    assert len(rows) == 2 * len(study.LABELLERS)
+def test_label_study_writes_finite_rows_csv_and_plot(label_run):
+    env, config, workdir, rows = label_run
+    assert len(rows) == 2 * 2 * len(study.LABELLERS)  # completers x N x labellers
     for row in rows:
         assert math.isfinite(row["accuracy"]) and 0 <= row["accuracy"] <= 1
         assert math.isfinite(row["auroc"]) and 0 <= row["auroc"] <= 1
-        assert row["judged_turns"] > 0
-    # The cost of N = n is MCValues.turns of the n single-continuation estimates it
-    # averages: each is mc_values(num_samples=1) with its key of the sweep.
-    keys = jax.random.split(key, 2)
-    play = mc.play_env_policy(env, mc.oracle(env))
-    single = [
-        mc.mc_values(
-            play,
-            forks,
-            mc.trajectory_signals(trajectory),
-            k,
-            num_samples=1,
-            reward_weights=reward_weights(TrainConfig(), "outcome"),
-            config=TrainConfig(),
-        ).turns
-        for k in keys
-    ]
-    by_n = {row["n"]: row["label_turns"] for row in rows}
-    assert by_n[1] == float(single[0]) > 0
-    assert by_n[2] == float(single[0] + single[1])
-    two = study.first_samples(values, 2)
-    np.testing.assert_allclose(two.q_success, values.q_success.mean(0))
-
-
-def test_label_study_writes_csv_and_plot(tmp_path):
-    config = _label_config()
-    env = experiment.build(process_rewards.get_config()).env
-    rows = study.run(config, env, str(tmp_path))
-    assert len(rows) == 2 * 2 * len(study.LABELLERS)  # completers x N x labellers
-    header = (tmp_path / study.FILENAME).read_text().splitlines()[0].split(",")
-    for column in ("labeller", "n", "completer", "accuracy", "auroc", "label_turns", "seed"):
+        assert row["judged_turns"] > 0 and row["label_turns"] > 0
+    header = (workdir / study.FILENAME).read_text().splitlines()[0].split(",")
+    for column in ("labeller", "label", "n", "completer", "accuracy", "auroc", "label_turns"):
         assert column in header
-    assert os.path.getsize(tmp_path / "label_quality.png") > 0
+    assert "seed" in header
+    assert os.path.getsize(workdir / "label_quality.png") > 0
     table = study.markdown(study.summarize(rows))
     assert "completion/hard | prover_0.5" in table and "N=1" in table and "N=2" in table
+    config = _label_config()
     config.completers = "policy,best_of_4"
     with pytest.raises(ValueError, match="best_of_4"):
-        study.run(config, env, str(tmp_path))
+        study.run(config, env, str(workdir))
+
+
+def test_label_turns_are_the_mc_turns_of_the_estimates_averaged(label_run):
+    env, config, _, _ = label_run
+    behaviour = study.make_behaviour(env, "prover_0.5", config)
+    trajectory, forks = behaviour.episodes(jax.random.key(3), config.num_episodes)
+    values = behaviour.sweep("oracle")(forks, trajectory, jax.random.key(5))
+    assert isinstance(values, mc.MCValues)
+    assert values.q_success.shape == (2, *trajectory.turn_mask.shape)  # max N = 2 estimates
+    rows = study.quality_rows(values, trajectory, [1, 2], completer="oracle")
+    by_n = {row["n"]: row["label_turns"] for row in rows}
+    assert by_n[1] == float(values.turns[0]) > 0
+    assert by_n[2] == float(values.turns[0] + values.turns[1])
+    # V and Q forks of every played turn play at most the S turns of an episode each.
+    played = float(trajectory.turn_mask.sum())
+    assert by_n[1] <= 2 * played * env.max_turns
+    two = study.first_samples(values, 2)
+    np.testing.assert_allclose(two.q_success, values.q_success.mean(0))
+    assert math.isnan(float(two.value_se[0, 0]))
 
 
 def _rows(condition, seed, success, turns, prm_auroc=math.nan, label_turns=0.0, updates=10):
@@ -182,6 +169,6 @@ def test_total_turns_count_label_turns_cumulatively():
     total = {(r["condition"], r["update"]): r[report.TOTAL_TURNS] for r in with_total}
     assert total[("learned_sum/prm=completion", 3)] == 300.0 + 150.0
     assert total[("outcome", 3)] == 300.0
-    summary = report.summarize(report.with_total_turns(rows), experience=report.TOTAL_TURNS)
+    summary = report.summarize(with_total, experience=report.TOTAL_TURNS, reps=50)
     assert summary["settings"]["budget_env_turns"] == 300.0  # the least any run had
     assert "labelling continuations" in report.markdown_table(summary)

@@ -136,13 +136,12 @@ def make_behaviour(env: ToolWorld, name: str, config: ml_collections.ConfigDict)
             )
             return trajectory, lm.forks_from_carries(carries)
 
-        def lm_play(completer: str) -> tuple[Callable, Any]:
+        def lm_play(completer: str) -> Callable:
             if completer == "policy" or completer.startswith("policy+oracle_"):
                 epsilon = float(completer.removeprefix("policy").removeprefix("+oracle_") or 0)
-                play = lm.play_policy(
+                return lm.play_policy(
                     env, setup.graphdef, setup.rollout_config, params, oracle_epsilon=epsilon
                 )
-                return play
             play = mc.play_env_policy(env, credit_study.env_policy(env, completer))
             return lambda carries, keys: play(carries.env_state, keys)
 
@@ -151,32 +150,47 @@ def make_behaviour(env: ToolWorld, name: str, config: ml_collections.ConfigDict)
             lambda completer: _sweep(lm_play(completer), base, max_samples, chunk_size),
         )
 
-    policy = credit_study.env_policy(env, name)
-
-    def env_episodes(key, num_episodes):
-        env_key, policy_key = jax.random.split(key)
-        env_keys = jax.random.split(env_key, num_episodes)
-        played = _rollout_env(env, policy, env_keys, jax.random.split(policy_key, num_episodes))
-        return credit_study.env_trajectory(played), played.states
-
-    def env_play(completer: str) -> Callable:
-        if completer == "policy":
-            continuation = policy
-        elif completer.startswith("policy+oracle_"):
-            epsilon = float(completer.removeprefix("policy+oracle_"))
-            continuation = mc.mixture(policy, mc.oracle(env), epsilon, per="episode")
-        else:
-            continuation = credit_study.env_policy(env, completer)
-        return mc.play_env_policy(env, continuation)
-
     return Behaviour(
-        env_episodes, lambda completer: _sweep(env_play(completer), base, max_samples, chunk_size)
+        _env_episodes(env, name),
+        lambda completer: _env_sweep(env, name, completer, max_samples, chunk_size),
     )
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _rollout_env(env, policy, env_keys, policy_keys):
-    return mc.rollout_env_policy(env, policy, env_keys, policy_keys)
+# Environment-level behaviours: cached, so that every study of one process compiles once.
+
+
+@functools.cache
+def _env_episodes(env: ToolWorld, name: str) -> Callable:
+    policy = credit_study.env_policy(env, name)
+
+    @functools.partial(jax.jit, static_argnums=1)
+    def episodes(key, num_episodes):
+        env_key, policy_key = jax.random.split(key)
+        played = mc.rollout_env_policy(
+            env,
+            policy,
+            jax.random.split(env_key, num_episodes),
+            jax.random.split(policy_key, num_episodes),
+        )
+        return credit_study.env_trajectory(played), played.states
+
+    return episodes
+
+
+@functools.cache
+def _env_sweep(
+    env: ToolWorld, behaviour: str, completer: str, max_samples: int, chunk_size: int
+) -> Callable:
+    policy = credit_study.env_policy(env, behaviour)
+    if completer == "policy":
+        continuation = policy
+    elif completer.startswith("policy+oracle_"):
+        epsilon = float(completer.removeprefix("policy+oracle_"))
+        continuation = mc.mixture(policy, mc.oracle(env), epsilon, per="episode")
+    else:
+        continuation = credit_study.env_policy(env, completer)
+    play = mc.play_env_policy(env, continuation)
+    return _sweep(play, TrainConfig(), max_samples, chunk_size)
 
 
 def _sweep(play: Callable, config: TrainConfig, max_samples: int, chunk_size: int) -> Callable:
