@@ -289,27 +289,25 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def markdown(summary: Mapping[str, Any]) -> str:
-    """One table per labeller: completers x N, AUROC (accuracy) mean ± 95% CI, and the
-    label cost in environment turns per labelled turn."""
+    """One table per labeller: completers x N, "AUROC / accuracy (cost)": mean ± 95% CI
+    over seeds, cost = environment turns per labelled turn."""
     lines = []
     for labeller, completers in summary.items():
         samples = list(next(iter(completers.values())))
-        lines.append(f"\n### {labeller}: AUROC / accuracy vs the oracle verdict\n")
+        lines.append(
+            f"\n### {labeller}: AUROC / accuracy vs the oracle verdict "
+            "(environment turns per labelled turn)\n"
+        )
         header = ["completer"] + [f"N={n}" for n in samples]
         lines.append("| " + " | ".join(header) + " |")
         lines.append("|" + "---|" * len(header))
         for completer, by_n in completers.items():
             cells = [completer] + [
-                f"{_pm(by_n[n]['auroc'])} / {_pm(by_n[n]['accuracy'])}" for n in samples
+                f"{_pm(by_n[n]['auroc'])} / {_pm(by_n[n]['accuracy'])} "
+                f"({by_n[n]['label_turns_per_turn']['mean']:.1f})"
+                for n in samples
             ]
             lines.append("| " + " | ".join(cells) + " |")
-        cost = ["env turns per labelled turn"] + [
-            " / ".join(
-                f"{by_n[n]['label_turns_per_turn']['mean']:.1f}" for by_n in completers.values()
-            )
-            for n in samples
-        ]
-        lines.append("| " + " | ".join(cost) + " |")
     return "\n".join(lines) + "\n"
 
 
