@@ -1,13 +1,16 @@
 """Process reward models without hand labels: automatic step labels and learned scorers.
 
 `base` defines what every process reward model (PRM) offers the trainer; `labels` turns
-Monte-Carlo continuations into step labels (completion and progress labels).
+Monte-Carlo continuations into step labels (completion and progress labels); `learned`
+holds the noisy oracle and the learned scorer; `factory.make_prm` builds the PRM of a
+`TrainConfig.prm` kind.
 """
 
 from rlagent.prm.base import PRMS
 from rlagent.prm.base import PRMInputs
 from rlagent.prm.base import PRMState
 from rlagent.prm.base import ProcessRewardModel
+from rlagent.prm.factory import make_prm
 from rlagent.prm.labels import completion_labels
 from rlagent.prm.labels import label_quality
 from rlagent.prm.labels import progress_labels
@@ -19,5 +22,6 @@ __all__ = [
     "ProcessRewardModel",
     "completion_labels",
     "label_quality",
+    "make_prm",
     "progress_labels",
 ]

@@ -45,6 +45,9 @@ class PRMInputs(NamedTuple):
     # Rollout carries at turn starts (make_rollout(with_carries=True)), from which MC
     # labels fork continuations; None when `ProcessRewardModel.needs_carries` is False.
     carries: Any | None
+    # [B, S] the scores this batch's rewards used (`ProcessRewardModel.scores`, computed
+    # before `update`), handed to `update` for its `prm_auroc`; None when scoring.
+    scores: jax.Array | None = None
 
 
 class ProcessRewardModel(NamedTuple):
@@ -56,8 +59,9 @@ class ProcessRewardModel(NamedTuple):
     # 0 on unplayed turns. Not differentiated (the policy's rewards).
     scores: Callable[[PRMState, PRMInputs, jax.Array], jax.Array]
     # update(state, inputs, key) -> (state, metrics): one learning step on the batch;
-    # metrics are float32 scalars, at least `label_turns` (environment turns its labels
-    # cost this update, 0 without labels) and `prm_auroc` (`verdict_auroc` of its scores
-    # on turns it did not train on this update; NaN when it does not learn).
+    # metrics are float32 scalars: `label_turns` (environment turns its labels cost this
+    # update, 0 without labels), `prm_loss` (before the step; NaN when it does not learn),
+    # `prm_auroc` (`verdict_auroc` of `inputs.scores` on the turns it does not train on
+    # this update) and `label_auroc` (`verdict_auroc` of its labels; NaN without labels).
     update: Callable[[PRMState, PRMInputs, jax.Array], tuple[PRMState, dict[str, jax.Array]]]
     needs_carries: bool  # whether `update` reads `PRMInputs.carries`.

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rlagent.credit.accuracy import verdict_auroc
+from rlagent.credit import accuracy as credit_accuracy
 from rlagent.credit.mc import MCValues
 
 
@@ -57,6 +57,6 @@ def label_quality(
     accuracy = jnp.where(count > 0, jnp.sum(correct) / jnp.maximum(count, 1.0), jnp.nan)
     return LabelQuality(
         accuracy=accuracy.astype(jnp.float32),
-        auroc=verdict_auroc(labels, turn_mask, verdict),
+        auroc=credit_accuracy.verdict_auroc(labels, turn_mask, verdict),
         num_turns=count,
     )

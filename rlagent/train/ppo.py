@@ -28,6 +28,9 @@ from rlagent.credit.probe import make_credit_probe
 from rlagent.envs import dsl
 from rlagent.models import Policy
 from rlagent.models import PolicyConfig
+from rlagent.prm.base import PRMInputs
+from rlagent.prm.base import PRMState
+from rlagent.prm.base import ProcessRewardModel
 from rlagent.rollout import RolloutConfig
 from rlagent.rollout import make_rollout
 from rlagent.rollout import make_score
@@ -55,6 +58,7 @@ class RunnerState(NamedTuple):
     kl_coef: jax.Array  # [] float32, adaptive when config.kl_target is set.
     reward_weights: jax.Array  # [C] float32 weights of rewards.COMPONENTS (the reward form).
     return_stats: ReturnStats  # episode-return statistics (config.normalize_returns).
+    prm_state: PRMState  # the process reward model's (config.prm); empty when "none".
     key: jax.Array  # PRNG key.
     step: jax.Array  # [] int32, updates done.
 
@@ -97,6 +101,17 @@ def make_train(
     probe = (
         make_credit_probe(env, graphdef, rollout_config, config) if config.credit_every else None
     )
+    # Imported here: the PRMs read rlagent.credit, whose modules import rlagent.train.
+    from rlagent.prm import make_prm
+
+    prm = None if config.prm == "none" else make_prm(config, env, graphdef, rollout_config)
+    # One rollout that keeps its carries serves the credit probe and the PRM's labels.
+    if probe is not None:
+        carry_rollout = probe.rollout
+    elif prm is not None and prm.needs_carries:
+        carry_rollout = make_rollout(env, graphdef, rollout_config, with_carries=True)
+    else:
+        carry_rollout = None
     optimizer = _make_optimizer(config)
     batch_size = config.batch_size
     # The frozen reference costs a teacher-forced pass per update: skipped when nothing
@@ -112,6 +127,7 @@ def make_train(
             reward_weights = default_weights
         key, init_key = jax.random.split(key)
         _, params = nnx.split(Policy(policy_config, rngs=nnx.Rngs(init_key)))
+        prm_key = jax.random.fold_in(init_key, 0x9B3)  # the policy's keys stay as they are
         return RunnerState(
             params=params,
             opt_state=optimizer.init(params),
@@ -119,6 +135,7 @@ def make_train(
             kl_coef=jnp.asarray(config.kl_coef, jnp.float32),
             reward_weights=jnp.asarray(reward_weights, jnp.float32),
             return_stats=ReturnStats.zeros(),
+            prm_state=PRMState((), ()) if prm is None else prm.init(prm_key, params),
             key=key,
             step=jnp.zeros((), jnp.int32),
         )
@@ -128,10 +145,10 @@ def make_train(
         # Episodes of a group share the environment key, hence the task.
         env_keys = jnp.repeat(jax.random.split(env_key, config.num_groups), config.group_size, 0)
         policy_keys = jax.random.split(policy_key, batch_size)
-        if probe is None:
-            trajectory = rollout(state.params, shard(env_keys), shard(policy_keys))
+        if carry_rollout is None:
+            trajectory, carries = rollout(state.params, shard(env_keys), shard(policy_keys)), None
         else:
-            trajectory, carries = probe.rollout(state.params, shard(env_keys), shard(policy_keys))
+            trajectory, carries = carry_rollout(state.params, shard(env_keys), shard(policy_keys))
         trajectory = shard(jax.lax.stop_gradient(trajectory))
         if not config.bootstrap_truncated:
             trajectory = trajectory._replace(
@@ -142,7 +159,12 @@ def make_train(
             ref_logp = jax.lax.stop_gradient(score(state.ref_params, trajectory)[0])
         else:
             ref_logp = trajectory.logp
-        raw_rewards = turn_rewards(trajectory, config, state.reward_weights)
+        prm_key = jax.random.fold_in(shuffle_key, 0x9B3)  # the run's keys stay as they are
+        prm_inputs = PRMInputs(state.params, state.ref_params, trajectory, carries)
+        prm_scores, prm_state, prm_metrics = _process_rewards(
+            prm, state.prm_state, prm_inputs, prm_key
+        )
+        raw_rewards = turn_rewards(trajectory, config, state.reward_weights, prm_scores)
         rewards, return_stats = scale_rewards(raw_rewards, state.return_stats, config)
         kl_tokens = (
             losses.kl_penalty(
@@ -168,6 +190,7 @@ def make_train(
         metrics = {
             **episode_metrics(trajectory),
             **stats,
+            **prm_metrics,
             "kl_coef": state.kl_coef,
             "train_return": jnp.mean(jnp.sum(raw_rewards, axis=1)),
         }
@@ -193,6 +216,7 @@ def make_train(
             opt_state=opt_state,
             kl_coef=kl_coef,
             return_stats=return_stats,
+            prm_state=prm_state,
             key=key,
             step=state.step + 1,
         )
@@ -203,6 +227,22 @@ def make_train(
         return jax.lax.scan(lambda s, _: update(s), state, None, length=config.num_updates)
 
     return Trainer(init=init, update=update, train=train, rollout=rollout, graphdef=graphdef)
+
+
+def _process_rewards(
+    prm: ProcessRewardModel | None, prm_state: PRMState, inputs: PRMInputs, key: jax.Array
+) -> tuple[jax.Array | None, PRMState, Metrics]:
+    """`(scores [B, S] or None, prm_state, metrics)`: the PRM scores the batch, then learns.
+
+    Scored before its update on this batch, so no reward comes from a PRM that trained on
+    the episodes it scores. Without a PRM: no scores, and `label_turns` 0.
+    """
+    if prm is None:
+        return None, prm_state, {"label_turns": jnp.zeros((), jnp.float32)}
+    score_key, update_key = jax.random.split(key)
+    scores = prm.scores(prm_state, inputs, score_key)
+    prm_state, metrics = prm.update(prm_state, inputs._replace(scores=scores), update_key)
+    return scores, prm_state, metrics
 
 
 def _sharder(mesh: jax.sharding.Mesh | None, data_axis: str) -> Callable[[Any], Any]:

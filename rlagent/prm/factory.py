@@ -1,0 +1,35 @@
+"""`make_prm`: the process reward model of a `TrainConfig.prm` kind."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from flax import nnx
+
+from rlagent.prm.base import ProcessRewardModel
+from rlagent.prm.learned import make_learned_prm
+from rlagent.prm.learned import make_noisy_oracle
+from rlagent.rollout import Environment
+from rlagent.rollout import RolloutConfig
+from rlagent.train.config import TrainConfig
+
+# kind -> factory(config, env, graphdef, rollout_config); "none" builds nothing.
+FACTORIES: dict[
+    str, Callable[[TrainConfig, Environment, nnx.GraphDef, RolloutConfig], ProcessRewardModel]
+] = {
+    "noisy_oracle": lambda config, env, graphdef, rollout_config: make_noisy_oracle(config),
+    "completion": make_learned_prm,
+    "progress": make_learned_prm,
+}
+
+
+def make_prm(
+    config: TrainConfig, env: Environment, graphdef: nnx.GraphDef, rollout_config: RolloutConfig
+) -> ProcessRewardModel:
+    """The PRM of `config.prm` for a `Policy(graphdef)` rolled out in `env`."""
+    if config.prm not in FACTORIES:
+        raise ValueError(
+            f"TrainConfig.prm {config.prm!r} has no process reward model to build; "
+            f"built: {tuple(FACTORIES)}."
+        )
+    return FACTORIES[config.prm](config, env, graphdef, rollout_config)

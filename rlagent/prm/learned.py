@@ -1,0 +1,216 @@
+"""Process reward models the trainer builds: a noisy oracle and a learned scorer.
+
+`make_noisy_oracle` (`TrainConfig.prm = "noisy_oracle"`): no parameters; the score of a
+played turn is `1[verdict > 0]`, flipped with probability `prm_noise` by a fresh coin
+every update. A PRM of known accuracy, so that "how good must a PRM be" is a curve.
+
+`make_learned_prm` (`"completion"`, `"progress"`): a scorer trained online on automatic
+step labels (`rlagent.prm.labels`) of `prm_label_episodes` episodes of every batch,
+spread over its groups (`label_episodes`: other tasks when the count allows).
+
+The scorer is a `Policy` of the policy's own architecture with its own parameters,
+starting as a copy of the initial policy (a PRM is fine-tuned from the base model, as
+in Math-Shepherd and PAV); `p_s = sigmoid(value head at the last generated token of
+turn s)`, read through `rollout.make_score`. Chosen over a head on the policy's trunk
+with stopped gradients because
+
+* its errors are its own: a head on the trunk can only read features the policy learned
+  for acting, which drift under it every update, so its mistakes would follow the
+  policy's blind spots; a separate scorer learns what its labels teach;
+* the PRM loss does not shape the policy's features (no shared parameters, so no
+  gradient to stop and no coupling through the optimiser);
+* it reads exactly the windowed state the policy reads (the same `ContextReader`
+  contexts of `make_score`), so it sees no more and no less of the history.
+
+Labels: `credit.mc.mc_values` over `credit.lm.forks_from_carries` of the rollout's
+carries, `prm_label_samples` continuations per value by `credit.lm.play_policy` with the
+current policy (completion: the soft label `q_success`, Math-Shepherd), or with the
+policy mixed per continuation with the oracle at `prm_prover_epsilon` (progress: the
+prover's advantage `(1 + q_success - success) / 2`, PAV). The scorer trains with
+`losses.prm_loss` on those soft labels.
+
+Cost per update, besides the labels: one no-grad scoring pass over the batch (`scores`,
+before `update`, so a batch's rewards never come from a scorer that trained on it) and
+one gradient step on the labelled episodes only. The labels play
+`E x S x 2 x N` LM continuations of S turns each (E labelled episodes, S turns, N
+samples; V and Q each take N), of which the environment turns actually played are
+reported as `label_turns`. With `PolicyConfig.value_head = "separate"` the scorer's value
+comes from its own critic trunk and `make_score` also runs its actor (unused logits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from rlagent import losses
+from rlagent.credit import accuracy
+from rlagent.credit import lm
+from rlagent.credit import mc
+from rlagent.prm import labels
+from rlagent.prm.base import PRMInputs
+from rlagent.prm.base import PRMState
+from rlagent.prm.base import ProcessRewardModel
+from rlagent.rollout import Environment
+from rlagent.rollout import RolloutConfig
+from rlagent.rollout import make_score
+from rlagent.train.config import TrainConfig
+from rlagent.train.rewards import reward_weights
+from rlagent.types import Trajectory
+
+Metrics = dict[str, jax.Array]
+
+# kind -> labels(MCValues, turn_mask [E, S]) -> [E, S] soft labels in [0, 1].
+LABELLERS: dict[str, Callable[[mc.MCValues, jax.Array], jax.Array]] = {
+    "completion": lambda values, turn_mask: labels.completion_labels(values, turn_mask)[1],
+    "progress": labels.progress_labels,
+}
+
+
+def make_noisy_oracle(config: TrainConfig) -> ProcessRewardModel:
+    """The oracle verdict as a binary score, each flipped with probability `prm_noise`.
+
+    `scores` -> `[B, S]` `1[verdict > 0] XOR Bernoulli(prm_noise)` on played turns (0
+    elsewhere), a fresh coin per turn and update (the key); nothing is learned, so
+    `prm_loss` and `label_auroc` are NaN, `label_turns` 0 and `prm_auroc` is over every
+    played turn.
+    """
+    noise = config.prm_noise
+
+    def init(key: jax.Array, policy_params: Any) -> PRMState:
+        del key, policy_params  # nothing to learn.
+        return PRMState(params=(), opt_state=())
+
+    def scores(state: PRMState, inputs: PRMInputs, key: jax.Array) -> jax.Array:
+        del state
+        traj = inputs.trajectory
+        flip = jax.random.bernoulli(key, noise, traj.verdict.shape)
+        return (((traj.verdict > 0) ^ flip) & traj.turn_mask).astype(jnp.float32)
+
+    def update(state: PRMState, inputs: PRMInputs, key: jax.Array) -> tuple[PRMState, Metrics]:
+        del key
+        traj = inputs.trajectory
+        nan = jnp.full((), jnp.nan, jnp.float32)
+        return state, {
+            "label_turns": jnp.zeros((), jnp.float32),
+            "prm_loss": nan,
+            "prm_auroc": accuracy.verdict_auroc(inputs.scores, traj.turn_mask, traj.verdict),
+            "label_auroc": nan,
+        }
+
+    return ProcessRewardModel(init=init, scores=scores, update=update, needs_carries=False)
+
+
+def make_learned_prm(
+    config: TrainConfig, env: Environment, graphdef: nnx.GraphDef, rollout_config: RolloutConfig
+) -> ProcessRewardModel:
+    """The scorer of the module docstring, trained on `config.prm`'s labels.
+
+    Args:
+      config: `prm` ("completion" or "progress"), `prm_label_episodes`,
+        `prm_label_samples`, `prm_prover_epsilon`, `prm_learning_rate`, `batch_size`.
+      env, graphdef, rollout_config: those of the policy (the scorer shares its
+        architecture and contexts; its continuations play as the rollout does).
+    Returns:
+      A `ProcessRewardModel` (`needs_carries`): `init(key, initial policy params)` copies
+      them; `scores -> [B, S]`; `update` labels the episodes, takes one AdamW step of
+      `prm_loss` on them and reports `label_turns`, `prm_loss` (before the step),
+      `prm_auroc` (of `inputs.scores` on the other episodes; NaN when none is left) and
+      `label_auroc`.
+    """
+    if config.prm not in LABELLERS:
+        raise ValueError(
+            f"TrainConfig.prm must be one of {tuple(LABELLERS)} for a learned scorer, "
+            f"got {config.prm!r}."
+        )
+    label = LABELLERS[config.prm]
+    epsilon = config.prm_prover_epsilon if config.prm == "progress" else 0.0
+    score = make_score(env, graphdef, rollout_config)
+    optimizer = optax.adamw(config.prm_learning_rate)
+    batch_size = config.batch_size
+    labelled = label_episodes(config)
+    held_out = np.ones(batch_size, bool)
+    held_out[labelled] = False
+    # Labels read success probabilities only; the returns mc_values also estimates are
+    # those of the cheapest form.
+    weights = reward_weights(config, "outcome")
+
+    def logits(params: nnx.State, traj: Trajectory) -> jax.Array:
+        """`[B, S]` value-head logits at the last generated token of each turn."""
+        _, values, _ = score(params, traj)
+        last = jnp.maximum(jnp.sum(traj.loss_mask, axis=-1) - 1, 0)
+        return jnp.take_along_axis(values, last[..., None], axis=-1)[..., 0]
+
+    def init(key: jax.Array, policy_params: Any) -> PRMState:
+        del key  # a copy of the initial policy.
+        return PRMState(params=policy_params, opt_state=optimizer.init(policy_params))
+
+    def scores(state: PRMState, inputs: PRMInputs, key: jax.Array) -> jax.Array:
+        del key  # deterministic.
+        traj = inputs.trajectory
+        _check_batch(traj, batch_size)
+        p = jax.nn.sigmoid(logits(state.params, traj))
+        return jax.lax.stop_gradient(jnp.where(traj.turn_mask, p, 0.0))
+
+    def update(state: PRMState, inputs: PRMInputs, key: jax.Array) -> tuple[PRMState, Metrics]:
+        traj = inputs.trajectory
+        _check_batch(traj, batch_size)
+        if inputs.carries is None:
+            raise ValueError("a learned PRM labels from rollout carries; PRMInputs.carries is None")
+        rows = lambda x: x[labelled]  # noqa: E731
+        episodes = jax.tree.map(rows, traj)
+        forks = jax.tree.map(rows, lm.forks_from_carries(inputs.carries))
+        prefix = mc.trajectory_signals(episodes)
+        play = lm.play_policy(
+            env, graphdef, rollout_config, inputs.policy_params, oracle_epsilon=epsilon
+        )
+        values = mc.mc_values(
+            play,
+            forks,
+            prefix,
+            key,
+            num_samples=config.prm_label_samples,
+            reward_weights=weights,
+            config=config,
+        )
+        targets = label(values, prefix.turn_mask)
+
+        def loss_fn(params: nnx.State) -> jax.Array:
+            return losses.prm_loss(logits(params, episodes), targets, prefix.turn_mask)
+
+        loss, grads = jax.value_and_grad(loss_fn)(state.params)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        new_state = PRMState(params=optax.apply_updates(state.params, updates), opt_state=opt_state)
+        return new_state, {
+            "label_turns": values.turns,
+            "prm_loss": loss,
+            "prm_auroc": accuracy.verdict_auroc(
+                inputs.scores, traj.turn_mask & held_out[:, None], traj.verdict
+            ),
+            "label_auroc": accuracy.verdict_auroc(targets, prefix.turn_mask, prefix.verdict),
+        }
+
+    return ProcessRewardModel(init=init, scores=scores, update=update, needs_carries=True)
+
+
+def label_episodes(config: TrainConfig) -> np.ndarray:
+    """`[E]` int indices of the episodes labelled each update, E = `prm_label_episodes`.
+
+    Spread evenly over the batch (`i * B // E`), so that with E <= num_groups each
+    labelled episode comes from another group, hence another task.
+    """
+    return np.arange(config.prm_label_episodes) * config.batch_size // config.prm_label_episodes
+
+
+def _check_batch(traj: Trajectory, batch_size: int) -> None:
+    if traj.turn_mask.shape[0] != batch_size:
+        raise ValueError(
+            f"trajectory has {traj.turn_mask.shape[0]} episodes, TrainConfig.batch_size is "
+            f"{batch_size}."
+        )
