@@ -1,13 +1,15 @@
 """Process reward models without hand labels: automatic step labels and learned scorers.
 
 `base` defines what every process reward model (PRM) offers the trainer; `labels` turns
-Monte-Carlo continuations into step labels (completion and progress labels).
+Monte-Carlo continuations into step labels (completion and progress labels); `implicit`
+is the implicit PRM, trained on outcomes only.
 """
 
 from rlagent.prm.base import PRMS
 from rlagent.prm.base import PRMInputs
 from rlagent.prm.base import PRMState
 from rlagent.prm.base import ProcessRewardModel
+from rlagent.prm.implicit import make_implicit_prm
 from rlagent.prm.labels import completion_labels
 from rlagent.prm.labels import label_quality
 from rlagent.prm.labels import progress_labels
@@ -19,5 +21,6 @@ __all__ = [
     "ProcessRewardModel",
     "completion_labels",
     "label_quality",
+    "make_implicit_prm",
     "progress_labels",
 ]
