@@ -20,9 +20,10 @@ every `R_s = 0` and every played turn scores 0.5 (reward 0 under every learned f
 Cost per trainer update: one teacher-forced pass of the reference and one of phi for the
 scores, one gradient pass of phi for the update (`rollout.make_score`, the same contexts
 the policy reads); `update` reuses the forward of its gradient pass for its `prm_auroc`.
-`scores` and `update` each compute the reference log-probs from the same inputs, a
-duplicate XLA removes (common-subexpression elimination) when both run in one program, as
-in the trainer. No environment turns are spent (`label_turns` = 0).
+`scores` and `update` each compute the reference log-probs from the same inputs: when both
+run in one compiled program, as in the trainer, XLA's common-subexpression elimination
+keeps one pass (checked on the compiled CPU program, which also merges the trainer's own
+reference pass for its KL). No environment turns are spent (`label_turns` = 0).
 """
 
 from __future__ import annotations
