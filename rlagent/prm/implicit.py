@@ -15,7 +15,7 @@ so no step is ever labelled, yet `R_s` is the step's share of the outcome log-od
 Score `p_s = sigmoid(R_s)` (0 on unplayed turns): the trainer's `learned_*` reward forms
 take probabilities and use `2 p - 1 = tanh(R_s / 2)`, a bounded, sign-preserving image of
 the turn's implicit reward. phi starts as the initial policy (the reference), so at init
-every `R_s = 0` and every played turn scores 0.5 (reward 0 under every learned form).
+every `R_s = 0` and every played turn scores 0.5 (`2 p - 1 = 0`).
 
 Cost per trainer update: one teacher-forced pass of the reference and one of phi for the
 scores, one gradient pass of phi for the update (`rollout.make_score`, the same contexts
