@@ -2,8 +2,8 @@
 
 `base` defines what every process reward model (PRM) offers the trainer; `labels` turns
 Monte-Carlo continuations into step labels (completion and progress labels); `learned`
-holds the noisy oracle and the learned scorer; `factory.make_prm` builds the PRM of a
-`TrainConfig.prm` kind.
+holds the noisy oracle and the learned scorer; `implicit` is the implicit PRM, trained on
+outcomes only; `factory.make_prm` builds the PRM of a `TrainConfig.prm` kind.
 """
 
 from rlagent.prm.base import PRMS
@@ -11,6 +11,7 @@ from rlagent.prm.base import PRMInputs
 from rlagent.prm.base import PRMState
 from rlagent.prm.base import ProcessRewardModel
 from rlagent.prm.factory import make_prm
+from rlagent.prm.implicit import make_implicit_prm
 from rlagent.prm.labels import completion_labels
 from rlagent.prm.labels import label_quality
 from rlagent.prm.labels import progress_labels
@@ -22,6 +23,7 @@ __all__ = [
     "ProcessRewardModel",
     "completion_labels",
     "label_quality",
+    "make_implicit_prm",
     "make_prm",
     "progress_labels",
 ]

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from flax import nnx
 
 from rlagent.prm.base import ProcessRewardModel
+from rlagent.prm.implicit import make_implicit_prm
 from rlagent.prm.learned import make_learned_prm
 from rlagent.prm.learned import make_noisy_oracle
 from rlagent.rollout import Environment
@@ -20,6 +21,7 @@ FACTORIES: dict[
     "noisy_oracle": lambda config, env, graphdef, rollout_config: make_noisy_oracle(config),
     "completion": make_learned_prm,
     "progress": make_learned_prm,
+    "implicit": make_implicit_prm,
 }
 
 
