@@ -21,7 +21,9 @@ FACTORIES: dict[
     "noisy_oracle": lambda config, env, graphdef, rollout_config: make_noisy_oracle(config),
     "completion": make_learned_prm,
     "progress": make_learned_prm,
-    "implicit": make_implicit_prm,
+    "implicit": lambda config, env, graphdef, rollout_config: make_implicit_prm(
+        env, graphdef, rollout_config, beta=config.prm_beta, learning_rate=config.prm_learning_rate
+    ),
 }
 
 
