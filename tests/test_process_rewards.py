@@ -12,13 +12,14 @@ from rlagent.credit import mc
 from rlagent.prm import experiment as prm_experiment
 from rlagent.prm import study
 from rlagent.train import experiment
+from rlagent.train import loop
 from rlagent.train import report
 
 
 def _label_config():
     config = process_rewards.get_config().labels
     config.behaviours = "prover_0.5"
-    config.completers = "policy,oracle"
+    config.completers = "oracle"
     config.samples = "2,1"
     config.seeds = 1
     config.num_episodes = 8
@@ -83,7 +84,7 @@ def test_prm_runs_errors_name_the_field(conditions, message):
 
 def test_label_study_writes_finite_rows_csv_and_plot(label_run):
     env, config, workdir, rows = label_run
-    assert len(rows) == 2 * 2 * len(study.LABELLERS)  # completers x N x labellers
+    assert len(rows) == 2 * len(study.LABELLERS)  # N x labellers
     for row in rows:
         assert math.isfinite(row["accuracy"]) and 0 <= row["accuracy"] <= 1
         assert math.isfinite(row["auroc"]) and 0 <= row["auroc"] <= 1
@@ -96,7 +97,7 @@ def test_label_study_writes_finite_rows_csv_and_plot(label_run):
     table = study.markdown(study.summarize(rows))
     assert "completion/hard | prover_0.5" in table and "N=1" in table and "N=2" in table
     config = _label_config()
-    config.completers = "policy,best_of_4"
+    config.completers = "oracle,best_of_4"
     with pytest.raises(ValueError, match="best_of_4"):
         study.run(config, env, str(workdir))
 
@@ -160,6 +161,8 @@ def test_hacking_table_pairs_forms_per_seed():
     assert "| completion | learned_min | -0.400 ± 0.000 | 2.100 ± 0.248 | yes |" in text
     assert "| completion | learned_potential |" in text
     assert prm_experiment.hacking_markdown({}).startswith("No learned-PRM")
+    one_seed = prm_experiment.hacking_table([r for r in rows if r["seed"] == 0])
+    assert "fewer than 2 seeds" in prm_experiment.hacking_markdown(one_seed)
 
 
 def test_total_turns_count_label_turns_cumulatively():
@@ -172,3 +175,38 @@ def test_total_turns_count_label_turns_cumulatively():
     summary = report.summarize(with_total, experience=report.TOTAL_TURNS, reps=50)
     assert summary["settings"]["budget_env_turns"] == 300.0  # the least any run had
     assert "labelling continuations" in report.markdown_table(summary)
+
+
+def test_launcher_writes_every_file(label_run, tmp_path):
+    """One tiny PRM run (two forms of the noisy oracle share one program) end to end."""
+    config = process_rewards.get_config()
+    config.conditions = "learned_sum/prm=noisy_oracle@0.2,learned_min/prm=noisy_oracle@0.2"
+    config.seeds = 1
+    config.chunk_size = 1
+    config.train.num_updates = 2
+    config.train.num_groups = 2
+    config.train.group_size = 2
+    config.train.num_minibatches = 1
+    config.labels = _label_config()  # the study of `label_run`: its programs are cached
+    summary = prm_experiment.run(config, str(tmp_path), progress=False)
+    for name in (
+        "metrics.csv",
+        "curves.png",
+        "profiles.png",
+        "summary.md",
+        "summary.json",
+        "provenance.json",
+        study.FILENAME,
+        "label_quality.png",
+    ):
+        assert os.path.getsize(tmp_path / name) > 0, name
+    assert set(summary["conditions"]) == set(config.conditions.split(","))
+    assert summary["settings"]["experience"] == report.TOTAL_TURNS
+    assert set(summary["hacking"]) == {"noisy_oracle@0.2"}
+    text = (tmp_path / "summary.md").read_text()
+    for section in ("## PPO", "## Label quality", "## Reward hacking"):
+        assert section in text
+    rows = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 1 + 2 * 2 and "label_turns" in rows[0] and "total_turns" in rows[0]
+    with pytest.raises(loop.RunError, match="not empty"):
+        prm_experiment.run(config, str(tmp_path), progress=False)

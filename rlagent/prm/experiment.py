@@ -203,8 +203,8 @@ def hacking_markdown(table: Mapping[str, Any]) -> str:
 
 def _farming(delta: Mapping[str, Any]) -> str:
     success, turns = delta["success"], delta["turns"]
-    if success is None or turns is None:
-        return "n/a"
+    if success is None or turns is None or min(success["n"], turns["n"]) < 2:
+        return "n/a (fewer than 2 seeds)"
     more_turns = turns["mean"] - turns["ci95"] > 0
     less_success = success["mean"] + success["ci95"] < 0
     if more_turns and less_success:
@@ -220,8 +220,9 @@ def _nanmean(values: Sequence[Any]) -> float:
 
 
 def _mean_ci(values: Sequence[float]) -> dict[str, float] | None:
+    """`stats.mean_ci` of the finite values and their number `n`; None when there is none."""
     finite = [v for v in values if math.isfinite(v)]
-    return stats.mean_ci(finite) if finite else None
+    return {**stats.mean_ci(finite), "n": len(finite)} if finite else None
 
 
 def _pm(estimate) -> str:
