@@ -174,7 +174,7 @@ def test_total_turns_count_label_turns_cumulatively():
     assert total[("outcome", 3)] == 300.0
     summary = report.summarize(with_total, experience=report.TOTAL_TURNS, reps=50)
     assert summary["settings"]["budget_env_turns"] == 300.0  # the least any run had
-    assert "labelling continuations" in report.markdown_table(summary)
+    assert "(experience + labelling)" in report.markdown_table(summary)
 
 
 def test_launcher_writes_every_file(label_run, tmp_path):

@@ -36,7 +36,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.conditions = conditions(("completion", "progress", "implicit"), (0.1, 0.3))
     config.seeds = 3
     config.chunk_size = 10
-    config.train.num_updates = 40
+    config.train.num_updates = 60
     # PRM settings (rlagent.train.TrainConfig prm_* fields; `prm` and `prm_noise` are set
     # per condition).
     config.train.prm_label_episodes = 8  # of the 64 episodes per update, labelled by MC.

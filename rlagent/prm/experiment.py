@@ -78,13 +78,7 @@ def run(
         experience=report.TOTAL_TURNS,
     )
     rows = MetricWriter(workdir, tensorboard=False).read()
-    report.plot_curves(
-        rows,
-        os.path.join(workdir, "curves.png"),
-        title=TITLE,
-        experience=report.TOTAL_TURNS,
-        band="ci95",
-    )
+    plot_curves(rows, os.path.join(workdir, "curves.png"))
     label_writer = MetricWriter(workdir, tensorboard=False, filename=study.FILENAME)
     label_rows = label_writer.read() if resume else []
     if not label_rows:
@@ -118,6 +112,38 @@ def run(
     return full
 
 
+def plot_curves(rows: Sequence[Mapping[str, Any]], path: str) -> None:
+    """Success vs total environment turns, 95% CI over seeds: one panel per PRM kind
+    (noise levels of the noisy oracle together; conditions without a PRM first), each
+    with the outcome-only condition for reference."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for row in rows:
+        spec = str(row["condition"]).partition("/prm=")[2]
+        panels[spec.partition("@")[0] or "no PRM (oracle verdict)"].append(row)
+    reference = [row for row in rows if row["condition"] == "outcome"]
+    columns = min(3, len(panels))
+    height = -(-len(panels) // columns)
+    fig, axes = plt.subplots(
+        height, columns, figsize=(5.2 * columns, 3.8 * height), squeeze=False, sharey=True
+    )
+    for ax, (name, panel) in zip(axes.flat, panels.items(), strict=False):
+        extra = reference if panel[0]["condition"] != "outcome" else []
+        report.draw_curves(ax, extra + panel, experience=report.TOTAL_TURNS, band="ci95")
+        ax.set_title(name, fontsize=10)
+        ax.legend(fontsize=7)
+    for ax in axes.flat[len(panels) :]:
+        ax.axis("off")
+    fig.suptitle(TITLE)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _label_env(config: ml_collections.ConfigDict) -> ToolWorld:
     horizon = int(config.labels.horizon)
     if horizon:
@@ -134,7 +160,8 @@ def hacking_table(
     (NaN entries, e.g. `prm_auroc` of updates it was not measured, skipped); a form's entry
     is the mean ± 95% CI over seeds (`stats.mean_ci`; None when no seed measured it).
     `vs_sum` holds, for every other form, the paired per-seed difference sum - form of
-    success and turns: farming shows as turns > 0 and success < 0.
+    success and turns: farming shows as turns > 0 and success < 0; a PRM that scores most
+    steps below 1/2 makes every sum-form step cost, and giving up (turns < 0) pays instead.
 
     Returns {prm: {"forms": {form: {metric: mean_ci | None}}, "vs_sum": {form: {...}}}}.
     """
@@ -209,8 +236,10 @@ def _farming(delta: Mapping[str, Any]) -> str:
     less_success = success["mean"] + success["ci95"] < 0
     if more_turns and less_success:
         return "yes"
-    if turns["mean"] + turns["ci95"] < 0 or success["mean"] - success["ci95"] > 0:
-        return "no"
+    if turns["mean"] + turns["ci95"] < 0:
+        return "no: fewer turns (give-up)"
+    if success["mean"] - success["ci95"] > 0:
+        return "no: higher success"
     return "not significant"
 
 

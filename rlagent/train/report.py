@@ -29,7 +29,7 @@ _FINAL_METRICS = ("violation_rate", "turns", "turns_over_plan", "process_score",
 TOTAL_TURNS = "total_turns"
 _EXPERIENCE_TEXT = {
     "env_turns_total": "environment turns of experience",
-    TOTAL_TURNS: "environment turns in total (experience + labelling continuations)",
+    TOTAL_TURNS: "total environment turns (experience + labelling)",
 }
 # Held-out success (rlagent.train.evaluation): per seed, the last evaluation of the run.
 EVAL_SUCCESS = ("eval_sampled_success", "eval_greedy_success")
@@ -197,22 +197,41 @@ def plot_curves(
     title: str = "",
     smooth: int = 5,
     experience: str = "env_turns_total",
-    band: str = "minmax",
 ) -> None:
-    """Plots `metric` vs experience (`experience`, see `summarize`): mean over seeds and a
-    band per condition, `band` "minmax" (over seeds) or "ci95" (Student-t 95% interval of
-    the mean over seeds, `stats.mean_ci`).
-
-    Each seed's curve is first smoothed by a trailing moving average over `smooth` updates.
-    """
-    if band not in ("minmax", "ci95"):
-        raise ValueError(f"band must be 'minmax' or 'ci95', got {band!r}.")
+    """Plots `metric` vs experience (`experience`, see `summarize`): mean over seeds and
+    min-max band per condition (`draw_curves`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    draw_curves(ax, rows, metric=metric, smooth=smooth, experience=experience)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def draw_curves(
+    ax: Any,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    metric: str = "success",
+    smooth: int = 5,
+    experience: str = "env_turns_total",
+    band: str = "minmax",
+) -> None:
+    """Draws `metric` vs `experience` on a matplotlib axis: per condition (in row order)
+    the mean over seeds and a band, "minmax" (over seeds) or "ci95" (Student-t 95%
+    interval of the mean, `stats.mean_ci`, clipped to [0, 1] when every value lies there:
+    rates).
+
+    Each seed's curve is first smoothed by a trailing moving average over `smooth` updates.
+    """
+    if band not in ("minmax", "ci95"):
+        raise ValueError(f"band must be 'minmax' or 'ci95', got {band!r}.")
     for condition, curves in _curves(rows).items():
         length = min(len(c) for c in curves)
         values = np.array([[r[metric] for r in c[:length]] for c in curves])
@@ -225,29 +244,28 @@ def plot_curves(
         else:
             half = np.array([stats.mean_ci(column)["ci95"] for column in values.T])
             low, high = mean - half, mean + half
+            if np.all((values >= 0) & (values <= 1)):
+                low, high = np.clip(low, 0, 1), np.clip(high, 0, 1)
         ax.fill_between(turns, low, high, alpha=0.15, color=line.get_color())
     ax.set_xlabel(f"{_EXPERIENCE_TEXT[experience]} (per seed)")
     ax.set_ylabel(f"{metric} (moving average of {smooth} updates)" if smooth > 1 else metric)
-    ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def with_total_turns(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Rows with `TOTAL_TURNS`: `env_turns_total` plus the run's `label_turns` so far (the
-    environment turns its process labels cost, 0 when a row has none), per condition and
-    seed in update order."""
+    """Rows (in their order) with `TOTAL_TURNS`: `env_turns_total` plus the run's
+    `label_turns` up to that update (the environment turns its process labels cost, 0
+    when a row has none), per condition and seed."""
     spent: dict[tuple[str, int], float] = defaultdict(float)
-    out = []
-    for row in sorted(rows, key=lambda r: (str(r["condition"]), int(r["seed"]), r["update"])):
+    totals = {}
+    order = sorted(range(len(rows)), key=lambda i: (str(rows[i]["condition"]), rows[i]["update"]))
+    for i in order:
+        row = rows[i]
         key = (str(row["condition"]), int(row["seed"]))
         label_turns = float(row.get("label_turns", 0.0) or 0.0)
         spent[key] += label_turns if np.isfinite(label_turns) else 0.0
-        out.append({**row, TOTAL_TURNS: float(row["env_turns_total"]) + spent[key]})
-    return out
+        totals[i] = float(row["env_turns_total"]) + spent[key]
+    return [{**row, TOTAL_TURNS: totals[i]} for i, row in enumerate(rows)]
 
 
 def plot_profiles(summary: Mapping[str, Any], path: str) -> None:
