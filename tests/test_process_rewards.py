@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import process_rewards
+from experiments.configs import process_rewards_accel
 from rlagent.credit import mc
 from rlagent.prm import experiment as prm_experiment
 from rlagent.prm import study
@@ -62,6 +63,10 @@ def test_prm_runs_group_conditions_by_prm_kind():
     # The default config's conditions parse: one run per PRM kind and noise level.
     default = experiment.prm_runs(process_rewards.get_config())
     assert len(default) == 1 + 2 + 3
+    accel = process_rewards_accel.get_config()
+    assert len(experiment.prm_runs(accel)) == 1 + 4 + 3
+    for run in experiment.prm_runs(accel):
+        experiment.build(run.config)  # every run's TrainConfig is valid
 
 
 @pytest.mark.parametrize(
@@ -96,10 +101,17 @@ def test_label_study_writes_finite_rows_csv_and_plot(label_run):
     assert os.path.getsize(workdir / "label_quality.png") > 0
     table = study.markdown(study.summarize(rows))
     assert "completion/hard | prover_0.5" in table and "N=1" in table and "N=2" in table
-    config = _label_config()
-    config.completers = "oracle,best_of_4"
-    with pytest.raises(ValueError, match="best_of_4"):
-        study.run(config, env, str(workdir))
+    for field, value in [
+        ("completers", "oracle,best_of_4"),
+        ("completers", "policy+oracle_2"),
+        ("behaviours", "ppo_x"),
+        ("samples", "0,2"),
+        ("samples", "two"),
+    ]:
+        config = _label_config()
+        config[field] = value
+        with pytest.raises(ValueError, match=f"config.labels.{field}"):
+            study.run(config, env, str(workdir))
 
 
 def test_label_turns_are_the_mc_turns_of_the_estimates_averaged(label_run):

@@ -60,8 +60,9 @@ def run(
     With `resume`, a finished label study (label_quality.csv) is kept, not recomputed.
     """
     start = time.time()
-    runs = experiment.prm_runs(config)  # condition errors before anything is written
+    runs = experiment.prm_runs(config)  # config errors before anything is written
     label_env = _label_env(config)
+    study.validate(config.labels, label_env)
     if overwrite:
         for name in LABEL_FILES:
             if os.path.exists(os.path.join(workdir, name)):

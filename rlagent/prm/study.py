@@ -80,14 +80,12 @@ def run(config: ml_collections.ConfigDict, env: ToolWorld, workdir: str) -> list
     Returns:
       The rows, one per behaviour x seed x completer x labeller x N.
     """
-    samples = sorted({int(n) for n in names(config.samples, "labels.samples", "N")})
-    if samples[0] < 1:
-        raise ValueError(f"config.labels.samples must be >= 1, got {samples[0]}.")
+    samples = validate(config, env)
     completers = names(config.completers, "labels.completers", "completer")
     rows = []
     for behaviour_name in names(config.behaviours, "labels.behaviours", "behaviour"):
         behaviour = make_behaviour(env, behaviour_name, config)
-        sweeps = {name: behaviour.sweep(name) for name in completers}  # name errors first
+        sweeps = {name: behaviour.sweep(name) for name in completers}
         for seed in range(config.first_seed, config.first_seed + config.seeds):
             episodes_key, labels_key = jax.random.split(jax.random.key(seed))
             trajectory, forks = behaviour.episodes(episodes_key, config.num_episodes)
@@ -104,6 +102,39 @@ def run(config: ml_collections.ConfigDict, env: ToolWorld, workdir: str) -> list
     writer.write(rows)
     plot(rows, os.path.join(workdir, "label_quality.png"))
     return rows
+
+
+def validate(config: ml_collections.ConfigDict, env: ToolWorld) -> list[int]:
+    """Checks the study's section before anything runs (errors name the field); returns
+    the sorted distinct N of `config.samples`."""
+    try:
+        samples = sorted({int(n) for n in names(config.samples, "labels.samples", "N")})
+    except ValueError as error:
+        raise ValueError(f"config.labels.samples: {error}") from None
+    if samples[0] < 1:
+        raise ValueError(f"config.labels.samples must be >= 1, got {samples[0]}.")
+    for field in ("seeds", "num_episodes", "chunk_size"):
+        if int(config[field]) < 1:
+            raise ValueError(f"config.labels.{field} must be >= 1, got {config[field]}.")
+    for name in names(config.behaviours, "labels.behaviours", "behaviour"):
+        try:
+            if name.startswith("ppo_"):
+                int(name.removeprefix("ppo_"))
+            else:
+                credit_study.env_policy(env, name)
+        except ValueError as error:
+            raise ValueError(f"config.labels.behaviours: {name!r}: {error}") from None
+    for name in names(config.completers, "labels.completers", "completer"):
+        try:
+            if name.startswith("policy+oracle_"):
+                epsilon = float(name.removeprefix("policy+oracle_"))
+                if not 0.0 <= epsilon <= 1.0:
+                    raise ValueError(f"epsilon must be in [0, 1], got {epsilon}")
+            elif name != "policy":
+                credit_study.env_policy(env, name)
+        except ValueError as error:
+            raise ValueError(f"config.labels.completers: {name!r}: {error}") from None
+    return samples
 
 
 class Behaviour(NamedTuple):
