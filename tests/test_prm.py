@@ -195,7 +195,7 @@ def trained():
     _, update_key = jax.random.split(jax.random.fold_in(shuffle_key, 0x9B3))
     labelled = label_episodes(CONFIG)
     play = lm.play_policy(ENV, trainer.graphdef, ROLLOUT, state.params)
-    values = jax.jit(mc.mc_values, static_argnames=("play", "num_samples", "config"))(
+    values = jax.jit(mc.mc_values, static_argnames=("play", "num_samples", "config", "q_only"))(
         play,
         jax.tree.map(lambda x: x[labelled], lm.forks_from_carries(carries)),
         mc.trajectory_signals(jax.tree.map(lambda x: x[labelled], traj)),
@@ -203,6 +203,7 @@ def trained():
         num_samples=CONFIG.prm_label_samples,
         reward_weights=reward_weights(CONFIG, "outcome"),
         config=CONFIG,
+        q_only=True,  # completion labels read Q only
     )
     return dict(
         state=state,
@@ -219,13 +220,13 @@ def test_training_with_a_learned_prm_reports_its_label_cost(trained):
         assert all(np.isfinite(v) for k, v in metrics.items() if k not in nan_able), metrics
         assert float(metrics["label_turns"]) > 0
     # The first update's labels cost the turns its Monte-Carlo continuations played:
-    # from every played turn of the labelled episodes (one per group), V and Q N times
-    # each, 1 to S turns per continuation.
-    np.testing.assert_array_equal(label_episodes(CONFIG), [0, 2])
+    # N continuations from after every played turn but the last of the labelled episodes
+    # (one per group), 1 to S turns each.
+    labelled = label_episodes(CONFIG)
+    np.testing.assert_array_equal(labelled, [0, 2])
     assert float(trained["metrics"][0]["label_turns"]) == trained["label_turns"]
-    samples = CONFIG.prm_label_samples
-    assert trained["played"] * samples <= trained["label_turns"]
-    assert trained["label_turns"] <= 2 * trained["played"] * samples * ENV.max_turns
+    forks = (trained["played"] - len(labelled)) * CONFIG.prm_label_samples
+    assert forks <= trained["label_turns"] <= forks * ENV.max_turns
 
 
 def test_scorer_loss_decreases_on_fixed_labels(trained):
