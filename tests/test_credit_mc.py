@@ -103,6 +103,35 @@ def test_oracle_values_match_the_reference_oracle(env, episodes):
     np.testing.assert_array_equal(np.asarray(mc.success), np.asarray(mc.value[0]))
 
 
+def test_q_only_estimates_q_alone(env, episodes):
+    """Q without V (completion labels): the same Q of the oracle, V NaN, only Q's turns."""
+    _, ep = episodes
+    play = credit.play_env_policy(env, credit.oracle(env))
+    estimate = jax.jit(
+        lambda q_only: credit.mc_values(
+            play,
+            ep.states,
+            ep.signals,
+            jax.random.key(0),
+            num_samples=2,
+            reward_weights=WEIGHTS,
+            config=CONFIG,
+            chunk_size=256,
+            q_only=q_only,
+        ),
+        static_argnums=0,
+    )
+    both, q = estimate(False), estimate(True)
+    mask = np.asarray(ep.signals.turn_mask)
+    np.testing.assert_array_equal(q.q_value, both.q_value)
+    np.testing.assert_array_equal(q.q_success, both.q_success)
+    for field in ("value", "advantage", "success"):
+        values = np.asarray(getattr(q, field))
+        assert np.isnan(values[..., mask]).all() and not values[..., ~mask].any()
+    # V(s) continues from every played turn: at least one turn per sample each.
+    assert float(q.turns) + 2 * mask.sum() <= float(both.turns)
+
+
 def test_oracle_values_from_the_start_with_discount(env):
     """Oracle episodes: V(s_0) = gamma^(plan - 1) (outcome), sum_t gamma^t (process), A = 0."""
     keys = jax.random.split(jax.random.key(5), 2 * BATCH)

@@ -278,6 +278,7 @@ def mc_values(
     reward_weights: jax.Array,
     config: TrainConfig,
     chunk_size: int = 4096,
+    q_only: bool = False,
 ) -> MCValues:
     """V, Q, A and success probabilities of every played turn, with standard errors.
 
@@ -298,6 +299,9 @@ def mc_values(
         which continuations have none of: they count 0 here.
       config: gives `gamma` and `prm_temperature` (as in training).
       chunk_size: continuations played at once (memory bound; rounded to whole forks).
+      q_only: estimate Q(s, a_s) and `q_success` only, at half the cost (completion
+        labels, `rlagent.prm.labels`, need no V); the V-derived fields are then NaN on
+        played turns.
     Returns:
       MCValues; value fields `[B, S]` or `[R, B, S]`, success fields `[B, S]`.
     """
@@ -319,9 +323,8 @@ def mc_values(
 
     # Evaluations: (episode b, turn r, kind) with kind 0 = V(r) (fork at r), 1 = Q(r) (fork
     # at r + 1). A fork runs only if the episode is still going at its turn.
-    b, r, kind = jnp.meshgrid(
-        jnp.arange(batch), jnp.arange(num_turns), jnp.arange(2), indexing="ij"
-    )
+    kinds = jnp.arange(1, 2) if q_only else jnp.arange(2)
+    b, r, kind = jnp.meshgrid(jnp.arange(batch), jnp.arange(num_turns), kinds, indexing="ij")
     b, r, kind = b.reshape(-1), r.reshape(-1), kind.reshape(-1)
     fork = r + kind
     runs = turn_mask[b, r] & (fork < num_turns) & turn_mask[b, jnp.minimum(fork, num_turns - 1)]
@@ -370,9 +373,13 @@ def mc_values(
     inverse = jnp.zeros_like(order).at[order].set(jnp.arange(num_evals))
     returns, success = returns[inverse], success[inverse]  # back to (b, r, kind) order
 
-    mean = returns.mean(-1).reshape(batch, num_turns, 2, -1)
-    se = (returns.std(-1, ddof=1) / jnp.sqrt(num_samples)).reshape(batch, num_turns, 2, -1)
-    p = success.mean(-1).reshape(batch, num_turns, 2)
+    mean = returns.mean(-1).reshape(batch, num_turns, kinds.shape[0], -1)
+    se = (returns.std(-1, ddof=1) / jnp.sqrt(num_samples)).reshape(mean.shape)
+    p = success.mean(-1).reshape(batch, num_turns, kinds.shape[0])
+    if q_only:  # no V: NaN in its place
+        mean, se, p = (
+            jnp.concatenate([jnp.full_like(x, jnp.nan), x], axis=2) for x in (mean, se, p)
+        )
     valid = turn_mask[..., None]
 
     def out(x):  # [B, S, R] -> [..., B, S], 0 on unplayed turns

@@ -31,11 +31,12 @@ prover's advantage `(1 + q_success - success) / 2`, PAV). The scorer trains with
 
 Cost per update, besides the labels: one no-grad scoring pass over the batch (`scores`,
 before `update`, so a batch's rewards never come from a scorer that trained on it) and
-one gradient step on the labelled episodes only. The labels play
-`E x S x 2 x N` LM continuations of S turns each (E labelled episodes, S turns, N
-samples; V and Q each take N), of which the environment turns actually played are
-reported as `label_turns`. With `PolicyConfig.value_head = "separate"` the scorer's value
-comes from its own critic trunk and `make_score` also runs its actor (unused logits).
+one gradient step on the labelled episodes only. The labels play `E x S x N` LM
+continuations of S turns each for completion (E labelled episodes, S turns, N samples;
+Q only, `mc_values(q_only=True)`) and twice that for progress (V and Q), of which the
+environment turns actually played are reported as `label_turns`. With
+`PolicyConfig.value_head = "separate"` the scorer's value comes from its own critic
+trunk and `make_score` also runs its actor (unused logits).
 """
 
 from __future__ import annotations
@@ -178,6 +179,7 @@ def make_learned_prm(
             num_samples=config.prm_label_samples,
             reward_weights=weights,
             config=config,
+            q_only=config.prm == "completion",
         )
         targets = label(values, prefix.turn_mask)
 
