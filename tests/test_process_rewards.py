@@ -118,18 +118,20 @@ def test_label_turns_are_the_mc_turns_of_the_estimates_averaged(label_run):
     env, config, _, _ = label_run
     behaviour = study.make_behaviour(env, "prover_0.5", config)
     trajectory, forks = behaviour.episodes(jax.random.key(3), config.num_episodes)
-    values = behaviour.sweep("oracle")(forks, trajectory, jax.random.key(5))
-    assert isinstance(values, mc.MCValues)
-    assert values.q_success.shape == (2, *trajectory.turn_mask.shape)  # max N = 2 estimates
-    rows = study.quality_rows(values, trajectory, [1, 2], completer="oracle")
-    by_n = {row["n"]: row["label_turns"] for row in rows}
-    assert by_n[1] == float(values.turns[0]) > 0
-    assert by_n[2] == float(values.turns[0] + values.turns[1])
-    # V and Q forks of every played turn play at most the S turns of an episode each.
+    sweep = behaviour.sweep("oracle")(forks, trajectory, jax.random.key(5))
+    assert isinstance(sweep.completion, mc.MCValues)
+    assert sweep.progress.q_success.shape == (2, *trajectory.turn_mask.shape)  # max N = 2
+    rows = study.quality_rows(sweep, trajectory, [1, 2], completer="oracle")
+    cost = {(row["labeller"], row["n"]): row["label_turns"] for row in rows}
+    for labeller, values in (("completion", sweep.completion), ("progress", sweep.progress)):
+        assert cost[(labeller, 1)] == float(values.turns[0]) > 0
+        assert cost[(labeller, 2)] == float(values.turns[0] + values.turns[1])
+    # Completion labels play only the continuations after each step (Q), progress labels
+    # those before it too (V), each at most the S turns of an episode.
     played = float(trajectory.turn_mask.sum())
-    assert by_n[1] <= 2 * played * env.max_turns
-    two = study.first_samples(values, 2)
-    np.testing.assert_allclose(two.q_success, values.q_success.mean(0))
+    assert cost[("completion", 2)] < cost[("progress", 2)] <= 2 * 2 * played * env.max_turns
+    two = study.first_samples(sweep.progress, 2)
+    np.testing.assert_allclose(two.q_success, sweep.progress.q_success.mean(0))
     assert math.isnan(float(two.value_se[0, 0]))
 
 

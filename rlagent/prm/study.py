@@ -12,8 +12,8 @@ states) each *completer* plays continuations, and their successes give the step 
 
 Every label is scored against the oracle verdict (`labels.label_quality`: accuracy and
 AUROC over turns with a non-zero verdict) for N = 1, 2, 4, ... continuations, with its cost
-in environment turns (`MCValues.turns`, V and Q continuations both: completion labels read
-only Q, so they could be had for about half).
+in environment turns (`MCValues.turns`: completion labels play only the continuations
+after the step, `mc_values(q_only=True)`; progress labels those before it too).
 
 Completers (the names of `config.completers`):
   policy              the behaviour policy itself (what the learned PRM of training uses);
@@ -28,9 +28,10 @@ oracle judged good and bad in one batch: an early learner makes almost only mist
 (level 2: 3 good of 168 judged turns at `ppo_0`), `prover_0.5` about as many of each.
 
 The N-sweep shares its continuations: `max(N)` independent single-continuation estimates
-(`mc_values(num_samples=1)`) per completer, and the label with N continuations averages the
-first N of them (costing the sum of their turns). Each N is thus an unbiased N-sample
-label, and the curves over N compare labels of common random numbers.
+(`mc_values(num_samples=1)`) per completer and label kind, and the label with N
+continuations averages the first N of them (costing the sum of their turns). Each N is
+thus an unbiased N-sample label, and the curves over N compare labels of common random
+numbers.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ class Behaviour(NamedTuple):
 
     # episodes(key, B) -> (trajectory [B, S], forks [B, S, ...]).
     episodes: Callable[[jax.Array, int], tuple[Trajectory, Any]]
-    # sweep(completer) -> fn(forks, trajectory, key) -> MCValues with a leading [max N].
+    # sweep(completer) -> fn(forks, trajectory, key) -> Sweep, leading axes [max N].
     sweep: Callable[[str], Callable]
 
 
@@ -224,27 +225,41 @@ def _env_sweep(
     return _sweep(play, TrainConfig(), max_samples, chunk_size)
 
 
+class Sweep(NamedTuple):
+    """Single-continuation MC estimates `[M, ...]` of a batch's turns, per label kind."""
+
+    completion: mc.MCValues  # q_only (completion labels need no V): Q and q_success.
+    progress: mc.MCValues  # V and Q (progress labels).
+
+
 def _sweep(play: Callable, config: TrainConfig, max_samples: int, chunk_size: int) -> Callable:
-    """Jitted `(forks, trajectory, key) -> MCValues [max_samples, ...]`: single-continuation
-    MC values, one after the other (`lax.map`, so each skips its finished forks)."""
+    """Jitted `(forks, trajectory, key) -> Sweep`: `max_samples` single-continuation MC
+    estimates per label kind, one after the other (`lax.map`, so each skips its finished
+    forks); completion labels play only the Q continuations, so they cost about half."""
     weights = reward_weights(config, "outcome")
 
     @jax.jit
     def sweep(forks, trajectory, key):
         prefix = mc.trajectory_signals(trajectory)
-        return jax.lax.map(
-            lambda k: mc.mc_values(
-                play,
-                forks,
-                prefix,
-                k,
-                num_samples=1,
-                reward_weights=weights,
-                config=config,
-                chunk_size=chunk_size,
-            ),
-            jax.random.split(key, max_samples),
-        )
+
+        def estimates(key, q_only):
+            return jax.lax.map(
+                lambda k: mc.mc_values(
+                    play,
+                    forks,
+                    prefix,
+                    k,
+                    num_samples=1,
+                    reward_weights=weights,
+                    config=config,
+                    chunk_size=chunk_size,
+                    q_only=q_only,
+                ),
+                jax.random.split(key, max_samples),
+            )
+
+        completion_key, progress_key = jax.random.split(key)
+        return Sweep(estimates(completion_key, True), estimates(progress_key, False))
 
     return sweep
 
@@ -260,21 +275,24 @@ def first_samples(values: mc.MCValues, n: int) -> mc.MCValues:
 
 
 def quality_rows(
-    values: mc.MCValues, trajectory: Trajectory, samples: Sequence[int], *, completer: str
+    sweep: Sweep, trajectory: Trajectory, samples: Sequence[int], *, completer: str
 ) -> list[dict[str, Any]]:
-    """Rows of every labeller x N in `samples` from single-continuation values `[M, ...]`."""
+    """Rows of every labeller x N in `samples` from a completer's `Sweep`; `label_turns`
+    is the `MCValues.turns` of the N estimates a label averages."""
     turn_mask, verdict = trajectory.turn_mask, trajectory.verdict
     played = float(jnp.sum(turn_mask))
+    success = float(jnp.mean(jnp.sum(trajectory.outcome, axis=1) > 0))
     rows = []
     for n in samples:
-        estimate = first_samples(values, n)
-        hard, soft = labels.completion_labels(estimate, turn_mask)
+        completion = first_samples(sweep.completion, n)
+        progress = first_samples(sweep.progress, n)
+        hard, soft = labels.completion_labels(completion, turn_mask)
         by_labeller = {
-            ("completion", "hard"): hard,
-            ("completion", "soft"): soft,
-            ("progress", "soft"): labels.progress_labels(estimate, turn_mask),
+            ("completion", "hard"): (hard, completion.turns),
+            ("completion", "soft"): (soft, completion.turns),
+            ("progress", "soft"): (labels.progress_labels(progress, turn_mask), progress.turns),
         }
-        for (labeller, form), label in by_labeller.items():
+        for (labeller, form), (label, cost) in by_labeller.items():
             quality = _quality(label, turn_mask, verdict)
             rows.append(
                 dict(
@@ -285,11 +303,11 @@ def quality_rows(
                     accuracy=float(quality.accuracy),
                     auroc=float(quality.auroc),
                     judged_turns=float(quality.num_turns),
-                    label_turns=float(estimate.turns),
-                    label_turns_per_turn=float(estimate.turns) / max(played, 1.0),
+                    label_turns=float(cost),
+                    label_turns_per_turn=float(cost) / max(played, 1.0),
                     played_turns=played,
                     episodes=int(turn_mask.shape[0]),
-                    behaviour_success=float(jnp.mean(jnp.sum(trajectory.outcome, axis=1) > 0)),
+                    behaviour_success=success,
                 )
             )
     return rows
