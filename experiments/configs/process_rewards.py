@@ -33,10 +33,13 @@ def get_config() -> ml_collections.ConfigDict:
     # without a PRM, or `form/prm=<kind>` (rlagent.prm.PRMS), `form/prm=noisy_oracle@<eps>`
     # (each verdict label flipped with probability eps). Conditions of one PRM kind (and
     # noise) share one compiled program; learned_* forms need a PRM.
-    config.conditions = conditions(("completion", "progress", "implicit"), (0.1, 0.3))
-    config.seeds = 3
+    # The noisy oracle in all three forms (data of one program per noise level).
+    config.conditions = conditions(
+        ("completion", "progress", "implicit"), (0.1, 0.25, 0.4), noise_forms=FORMS
+    )
+    config.seeds = 5
     config.chunk_size = 10
-    config.train.num_updates = 60
+    config.train.num_updates = 100
     # PRM settings (rlagent.train.TrainConfig prm_* fields; `prm` and `prm_noise` are set
     # per condition).
     config.train.prm_label_episodes = 8  # of the 64 episodes per update, labelled by MC.

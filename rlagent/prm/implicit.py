@@ -36,7 +36,7 @@ import optax
 from flax import nnx
 
 from rlagent import losses
-from rlagent.credit.accuracy import verdict_auroc
+from rlagent.credit import accuracy  # a module: credit -> train -> ppo -> prm imports it
 from rlagent.prm.base import PRMInputs
 from rlagent.prm.base import PRMState
 from rlagent.prm.base import ProcessRewardModel
@@ -112,7 +112,7 @@ def make_implicit_prm(
         metrics = {
             "label_turns": jnp.zeros((), jnp.float32),
             "prm_loss": loss,
-            "prm_auroc": verdict_auroc(
+            "prm_auroc": accuracy.verdict_auroc(
                 _probabilities(returns, traj.turn_mask), traj.turn_mask, traj.verdict
             ),
             "label_auroc": jnp.full((), jnp.nan, jnp.float32),

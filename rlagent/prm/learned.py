@@ -1,8 +1,10 @@
 """Process reward models the trainer builds: a noisy oracle and a learned scorer.
 
 `make_noisy_oracle` (`TrainConfig.prm = "noisy_oracle"`): no parameters; the score of a
-played turn is `1[verdict > 0]`, flipped with probability `prm_noise` by a fresh coin
-every update. A PRM of known accuracy, so that "how good must a PRM be" is a curve.
+turn the oracle judged (verdict != 0) is `1[verdict > 0]`, flipped with probability
+`prm_noise` by a fresh coin every update; a turn it judged neutral scores 1/2 (a centred
+score of 0, as the oracle's own reward for it). A PRM of known accuracy, so that "how good
+must a PRM be" is a curve; at noise 0 `learned_sum` is the sign of the oracle verdict.
 
 `make_learned_prm` (`"completion"`, `"progress"`): a scorer trained online on automatic
 step labels (`rlagent.prm.labels`) of `prm_label_episodes` episodes of every batch,
@@ -77,8 +79,9 @@ LABELLERS: dict[str, Callable[[mc.MCValues, jax.Array], jax.Array]] = {
 def make_noisy_oracle(config: TrainConfig) -> ProcessRewardModel:
     """The oracle verdict as a binary score, each flipped with probability `prm_noise`.
 
-    `scores` -> `[B, S]` `1[verdict > 0] XOR Bernoulli(prm_noise)` on played turns (0
-    elsewhere), a fresh coin per turn and update (the key); nothing is learned, so
+    `scores` -> `[B, S]` `1[verdict > 0] XOR Bernoulli(prm_noise)` on played turns with a
+    non-zero verdict, 1/2 on neutral ones (verdict 0), 0 on unplayed turns; a fresh coin per
+    turn and update (the key); nothing is learned, so
     `prm_loss` and `label_auroc` are NaN, `label_turns` 0 and `prm_auroc` is over every
     played turn.
     """
@@ -92,7 +95,9 @@ def make_noisy_oracle(config: TrainConfig) -> ProcessRewardModel:
         del state
         traj = inputs.trajectory
         flip = jax.random.bernoulli(key, noise, traj.verdict.shape)
-        return (((traj.verdict > 0) ^ flip) & traj.turn_mask).astype(jnp.float32)
+        label = ((traj.verdict > 0) ^ flip).astype(jnp.float32)
+        score = jnp.where(traj.verdict == 0, 0.5, label)
+        return jnp.where(traj.turn_mask, score, 0.0)
 
     def update(state: PRMState, inputs: PRMInputs, key: jax.Array) -> tuple[PRMState, Metrics]:
         del key
