@@ -12,12 +12,13 @@ episodes and continuations per update, and a label study with an LM behaviour to
 import ml_collections
 
 from experiments.configs import process_rewards
+from experiments.configs.process_rewards import FORMS
 
 
 def get_config() -> ml_collections.ConfigDict:
     config = process_rewards.get_config()
     config.conditions = process_rewards.conditions(
-        ("completion", "progress", "implicit"), (0.1, 0.2, 0.3, 0.4)
+        ("completion", "progress", "implicit"), (0.0, 0.1, 0.2, 0.3, 0.4), noise_forms=FORMS
     )
     config.seeds = 10
     config.train.num_updates = 120
