@@ -84,7 +84,7 @@ from rlagent.types import Trajectory
 
 # Teacher-forced scoring cuts the B * S turn rows into this many chunks and computes only
 # those holding a played turn (`rlagent.models.live_rows`).
-_SCORE_CHUNKS = 8
+_SCORE_CHUNKS = 16
 
 
 @dataclasses.dataclass(frozen=True)
