@@ -61,6 +61,7 @@ from flax import nnx
 
 from rlagent.envs import StepType
 from rlagent.envs import dsl
+from rlagent.models.live_rows import live_row_sum
 from rlagent.models.live_rows import live_rows
 from rlagent.models.llama import KVCache
 from rlagent.models.llama import init_cache
@@ -83,7 +84,7 @@ from rlagent.types import Trajectory
 
 # Teacher-forced scoring cuts the B * S turn rows into this many chunks and computes only
 # those holding a played turn (`rlagent.models.live_rows`).
-_SCORE_CHUNKS = 8
+_SCORE_CHUNKS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -422,30 +423,116 @@ def make_score(
         reader = _context_reader(env, policy, config)
         _check_trajectory(traj, _dims(env), policy.config.vocab_size)
         actor_hidden = reader.hidden_states(policy.actor, traj)
-        observed = observed_tokens(traj.obs_tokens, policy.config.vocab_size, policy.config.pad_id)
-        visible = reader.visible_observations(observed)
-        logits = policy.actor.logits(actor_hidden, visible[:, :, None, :])
         if policy.critic is None:
             values = policy.actor.values(actor_hidden)
         else:
             values = policy.critic.values(reader.hidden_states(policy.critic, traj))
-        if traj.sampling_mask is None:
-            allowed = _ban_pad(jnp.ones(logits.shape, bool))
-        else:
-            allowed = traj.sampling_mask
-        log_pi = policy_log_probs(
-            logits, temperature=config.temperature, mask=allowed_to_mask(allowed)
-        )
-        logp = jnp.take_along_axis(log_pi, traj.action_tokens[..., None], axis=-1)[..., 0]
-        entropy = entropy_from_log_probs(log_pi)
+        visible = _visible(reader, policy, traj)
+        scores = _token_scores(
+            policy.actor, actor_hidden, values, visible, traj.action_tokens, traj.sampling_mask,
+            config,
+        )  # fmt: skip
         played = traj.loss_mask
-        return (
-            jnp.where(played, logp, 0.0),
-            jnp.where(played, values, 0.0),
-            jnp.where(played, entropy, 0.0),
-        )
+        return TokenScores(*(jnp.where(played, x, 0.0) for x in scores))
 
     return score
+
+
+class TokenScores(NamedTuple):
+    """Teacher-forced scores of action tokens, each `[..., L]` float32."""
+
+    logp: jax.Array  # log pi(a_t).
+    values: jax.Array  # V before each token.
+    entropy: jax.Array  # H(pi).
+
+
+def make_score_sum(
+    env: Environment,
+    graphdef: nnx.GraphDef,
+    config: RolloutConfig,
+    token_sum: Callable[[TokenScores, Any], tuple[jax.Array, Any]],
+) -> Callable[[nnx.State, Trajectory, Any], tuple[jax.Array, Any]]:
+    """Builds `score_sum(params, traj, extras) -> (value [], stats)`: a loss over turns.
+
+    `token_sum(scores, rows) -> (value [n], stats)` maps the `TokenScores [n, L]` of n
+    turns (as `make_score` gives them, before its masking) and `rows`, the turns' slices
+    of `extras` (a pytree of [B, S, ...] arrays), to a value and a pytree of `[n, ...]`
+    stats per turn; `score_sum` sums both over played turns (`traj.turn_mask`), and only
+    the value is differentiated (stats are diagnostics). `token_sum` must give zero for
+    tokens outside `traj.loss_mask` (it reads the mask from `extras`).
+
+    With a window and a shared value head the turns are scored, summed and
+    differentiated in one pass over chunks of played turns (`live_row_sum`); otherwise
+    `make_score`'s scores are summed.
+    """
+    score = make_score(env, graphdef, config)
+
+    def score_sum(params: nnx.State, traj: Trajectory, extras: Any) -> tuple[jax.Array, Any]:
+        policy = _merge(graphdef, params)
+        reader = _context_reader(env, policy, config)
+        _check_trajectory(traj, _dims(env), policy.config.vocab_size)
+        batch, turns, turn_len = traj.action_tokens.shape
+        live = traj.turn_mask.reshape(-1)
+
+        def rows(x):
+            return x.reshape(batch * turns, *x.shape[2:])
+
+        if not isinstance(reader, WindowedContext) or policy.critic is not None:
+            scores = jax.tree.map(rows, TokenScores(*score(params, traj)))
+            value, stats = token_sum(scores, jax.tree.map(rows, extras))
+            stats = jax.tree.map(
+                lambda x: jnp.sum(jnp.where(live.reshape(-1, *[1] * (x.ndim - 1)), x, 0), 0),
+                jax.lax.stop_gradient(stats),
+            )
+            return jnp.sum(jnp.where(live, value, 0.0)), stats
+        hidden_rows, actor_graphdef, actor_params, summaries, inputs = reader.row_pass(
+            policy.actor, traj
+        )
+
+        def row(params, summaries, aux):
+            inputs, (visible, action_tokens, sampling_mask, extras) = aux
+            actor = nnx.merge(actor_graphdef, params)
+            hidden = hidden_rows(params, summaries, inputs)
+            scores = _token_scores(
+                actor, hidden, actor.values(hidden), visible, action_tokens, sampling_mask, config
+            )
+            return token_sum(scores, extras)
+
+        turn = (_visible(reader, policy, traj), traj.action_tokens, traj.sampling_mask, extras)
+        aux = (inputs, jax.tree.map(rows, turn))
+        return live_row_sum(row, _SCORE_CHUNKS)(actor_params, rows(summaries), aux, live)
+
+    return score_sum
+
+
+def _visible(reader: ContextReader, policy: Policy, traj: Trajectory) -> jax.Array:
+    """[B, S, V] tokens visible to the copy gate in the context of each turn."""
+    vocab, pad = policy.config.vocab_size, policy.config.pad_id
+    return reader.visible_observations(observed_tokens(traj.obs_tokens, vocab, pad))
+
+
+def _token_scores(
+    actor: ContextLM,
+    hidden: jax.Array,
+    values: jax.Array,
+    visible: jax.Array,
+    action_tokens: jax.Array,
+    sampling_mask: jax.Array | None,
+    config: RolloutConfig,
+) -> TokenScores:
+    """Scores of `action_tokens [..., L]` read from the actor's `hidden [..., L, D]`.
+
+    `visible [..., V]`: the copy gate's tokens of each turn; `sampling_mask [..., L, V]`
+    (or None: the PAD ban) renormalises pi as when sampling. Not masked.
+    """
+    logits = actor.logits(hidden, visible[..., None, :])
+    if sampling_mask is None:
+        allowed = _ban_pad(jnp.ones(logits.shape, bool))
+    else:
+        allowed = sampling_mask
+    log_pi = policy_log_probs(logits, temperature=config.temperature, mask=allowed_to_mask(allowed))
+    logp = jnp.take_along_axis(log_pi, action_tokens[..., None], axis=-1)[..., 0]
+    return TokenScores(logp, values, entropy_from_log_probs(log_pi))
 
 
 def turn_hidden_states(model: ContextLM, traj: Trajectory, *, window: int | None) -> jax.Array:
@@ -537,6 +624,21 @@ class WindowedContext:
         block runs only at the L slots that predict the action tokens. Rows of turns not
         played are zeros (`make_score` masks them).
         """
+        batch, turns, turn_len = traj.action_tokens.shape
+        hidden_rows, _, params, summaries, inputs = self.row_pass(model, traj)
+        hidden = live_rows(hidden_rows, _SCORE_CHUNKS)(
+            params, summaries.reshape(batch * turns, -1), inputs, traj.turn_mask.reshape(-1)
+        )
+        return hidden.reshape(batch, turns, turn_len, -1)
+
+    def row_pass(self, model: ContextLM, traj: Trajectory):
+        """The scoring pass of `hidden_states` as rows, one per (episode, turn).
+
+        Returns `(hidden_rows, graphdef, params, summaries, inputs)`: `hidden_rows(params,
+        summaries [n, H], inputs) -> [n, L, D]` runs n turns' contexts (rows independent),
+        `nnx.merge(graphdef, params)` is `model`, `summaries [B, S, H]` (differentiable in
+        the params) and `inputs` (a pytree of `[B * S, ...]` token arrays) are its inputs.
+        """
         obs, progress, action = traj.obs_tokens, traj.progress, traj.action_tokens
         action_mask = traj.loss_mask
         batch, turns, turn_len = action.shape
@@ -570,10 +672,7 @@ class WindowedContext:
             return x.reshape(batch * turns, *x.shape[2:])
 
         inputs = jax.tree.map(rows, (windows, obs, progress, action, action_mask))
-        hidden = live_rows(hidden_rows, _SCORE_CHUNKS)(
-            params, rows(summaries), inputs, traj.turn_mask.reshape(-1)
-        )
-        return hidden.reshape(batch, turns, turn_len, -1)
+        return hidden_rows, graphdef, params, summaries, inputs
 
     def visible_observations(self, observed: jax.Array) -> jax.Array:
         return visible_observations(observed, self.window)

@@ -16,6 +16,7 @@ from rlagent.models import init_cache
 from rlagent.models import policy_log_probs
 from rlagent.models import sample_token
 from rlagent.models import visible_observations
+from rlagent.models.live_rows import live_row_sum
 from rlagent.models.live_rows import live_rows
 
 VOCAB = 24
@@ -123,6 +124,32 @@ def test_live_rows_equal_the_masked_pass(model):
     hidden = live_rows(rows, num_chunks=2)(params, x[0], valid[0], live[0])
     np.testing.assert_array_equal(hidden[~live[0]], 0.0)
     np.testing.assert_allclose(hidden[live[0]], rows(params, x[0], valid[0])[live[0]], atol=1e-6)
+
+
+def test_live_row_sum_equals_the_masked_sum(model):
+    """Sums over live rows, with the gradients of the masked sum; stats summed too, vmapped."""
+    _, graphdef, params = model
+    x = jax.random.normal(jax.random.key(6), (2, 7, 5, CONFIG.d_model))
+    valid = jnp.ones(x.shape[:3], bool).at[:, :, 1].set(False)
+    live = jnp.array([[1, 0, 0, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0, 1]], bool)
+    read = np.array([3, 4])
+
+    def rows(params, x, valid):
+        hidden = nnx.merge(graphdef, params)(x, valid, read=read)[0]
+        return jnp.sum(jnp.sin(hidden), axis=(1, 2)), {"norm": jnp.sum(hidden**2, axis=(1, 2))}
+
+    def masked(params, x, valid, live):
+        value, stats = rows(params, x, valid)
+        return jnp.sum(jnp.where(live, value, 0.0)), {"norm": jnp.sum(stats["norm"] * live)}
+
+    def summed(params, x, valid, live):
+        return live_row_sum(rows, num_chunks=3)(params, x, valid, live)
+
+    want = jax.vmap(jax.value_and_grad(masked, argnums=(0, 1), has_aux=True), (None, 0, 0, 0))
+    got = jax.vmap(jax.value_and_grad(summed, argnums=(0, 1), has_aux=True), (None, 0, 0, 0))
+    chex.assert_trees_all_close(
+        jax.jit(got)(params, x, valid, live), jax.jit(want)(params, x, valid, live), atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("window", [None, 0, 1, 3, 9])

@@ -17,6 +17,7 @@ from rlagent.rollout import RolloutConfig
 from rlagent.rollout import make_continue
 from rlagent.rollout import make_rollout
 from rlagent.rollout import make_score
+from rlagent.rollout import make_score_sum
 from rlagent.types import token_view
 
 BATCH = 4
@@ -65,6 +66,34 @@ def case(request, tiny_policy_config):
         env_keys=env_keys,
         policy_keys=policy_keys,
         traces=traces,
+    )
+
+
+def test_score_sum_equals_the_sum_of_scores(case):
+    """`make_score_sum` (fused over played turns when windowed) = summing `make_score`'s."""
+    traj, params = case["traj"], case["params"]
+    weights = jax.random.normal(jax.random.key(3), traj.logp.shape + (3,))
+
+    def token_sum(scores, rows):
+        weights, mask = rows
+        terms = weights[..., 0] * scores.logp + weights[..., 1] * scores.values
+        terms = terms + weights[..., 2] * scores.entropy
+        return jnp.sum(jnp.where(mask, terms, 0.0), axis=-1), {"tokens": jnp.sum(mask, -1)}
+
+    score_sum = make_score_sum(case["env"], case["graphdef"], case["config"], token_sum)
+    score = make_score(case["env"], case["graphdef"], case["config"])
+
+    def want(params):
+        terms = jnp.sum(weights * jnp.stack(score(params, traj), axis=-1), axis=-1)
+        return jnp.sum(terms), {"tokens": jnp.sum(traj.loss_mask)}
+
+    def got(params):
+        return score_sum(params, traj, (weights, traj.loss_mask))
+
+    chex.assert_trees_all_close(
+        jax.jit(jax.value_and_grad(got, has_aux=True))(params),
+        jax.jit(jax.value_and_grad(want, has_aux=True))(params),
+        atol=1e-4,
     )
 
 

@@ -7,11 +7,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlagent import losses
 from rlagent.advantages import gae
 from rlagent.advantages import hierarchical_advantages
 from rlagent.advantages import reinforce_pp_returns
 from rlagent.envs import dsl
+from rlagent.losses import AGG_MODES
 from rlagent.returns import compose_rewards
+from rlagent.rollout import TokenScores
 from rlagent.train import estimators
 from rlagent.train import report
 from rlagent.train.config import ESTIMATORS
@@ -22,6 +25,9 @@ from rlagent.train.estimators import anchor_ids
 from rlagent.train.estimators import estimate_advantages
 from rlagent.train.estimators import estimator_inputs
 from rlagent.train.ppo import _adapt_kl_coef
+from rlagent.train.ppo import _token_loss
+from rlagent.train.ppo import _token_weights
+from rlagent.train.ppo import _TokenTargets
 from rlagent.train.ppo import episode_metrics
 from rlagent.train.rewards import POTENTIAL_SCALE
 from rlagent.train.rewards import ReturnStats
@@ -454,3 +460,52 @@ def test_metric_writer_csv_tensorboard_and_truncate(tmp_path):
     writer.close()
     events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+def test_ppo_loss_as_a_sum_of_token_terms_equals_the_kernels(agg):
+    """`_token_loss` with `_token_weights`, summed over turns = the aggregated loss kernels."""
+    config = TrainConfig(agg=agg, kl_coef=0.1, dual_clip=3.0, value_clip=0.2)
+    keys = jax.random.split(jax.random.key(0), 8)
+    shape = (3, 4, 5)  # [B, S, L]
+    mask = jax.random.bernoulli(keys[0], 0.6, shape).at[0].set(False)
+    logp, old_logp, ref_logp = (-jax.random.exponential(k, shape) for k in keys[1:4])
+    values, old_values, targets, advantages = (jax.random.normal(k, shape) for k in keys[4:])
+    entropy = jnp.abs(values)
+    kl_coef = jnp.float32(0.1)
+    token_targets = _TokenTargets(
+        old_logp, advantages, old_values, targets, ref_logp, mask,
+        _token_weights(mask, agg), _token_weights(mask, "token-mean"),
+        jnp.broadcast_to(kl_coef, shape[:2]),
+    )  # fmt: skip
+    rows = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), token_targets)
+    scores = TokenScores(*(x.reshape(-1, shape[-1]) for x in (logp, values, entropy)))
+    total, stats = _token_loss(config)(scores, rows)
+
+    def rows_of(x):
+        return x.reshape(shape[0], -1)
+
+    m = rows_of(mask)
+    policy, policy_stats = losses.ppo_policy_loss(
+        rows_of(logp), rows_of(old_logp), rows_of(advantages), m,
+        clip_low=config.clip_low, clip_high=config.clip_high, dual_clip=3.0, agg=agg,
+    )  # fmt: skip
+    want = {
+        "policy_loss": policy,
+        "entropy": losses.aggregate(rows_of(entropy), m, agg),
+        "clip_fraction": policy_stats.clip_fraction,
+        "approx_kl": policy_stats.approx_kl,
+        "value_loss": losses.value_loss(
+            rows_of(values), rows_of(old_values), rows_of(targets), m, clip=0.2, agg=agg
+        ),
+        "kl_loss": losses.aggregate(losses.kl_penalty(rows_of(logp), rows_of(ref_logp)), m, agg),
+    }
+    got = jax.tree.map(lambda x: jnp.sum(x, axis=0), stats)
+    assert set(got) == set(want)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    want_total = (
+        want["policy_loss"] - config.entropy_coef * want["entropy"]
+        + config.value_coef * want["value_loss"] + kl_coef * want["kl_loss"]
+    )  # fmt: skip
+    np.testing.assert_allclose(jnp.sum(total), want_total, rtol=1e-5, atol=1e-6)

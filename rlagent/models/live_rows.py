@@ -12,6 +12,10 @@ Under `vmap` (runs trained side by side) a `while_loop` runs until the member th
 most chunks is done, the others idling through `select`: the work follows the largest
 number of live rows in the batch of runs, not B x S. A data-dependent `lax.cond` would
 save nothing there (it becomes a `select` of both branches).
+
+`live_row_sum(fn, num_chunks)` is the same for a loss that is a sum over rows: each
+chunk's value and gradients come from one `value_and_grad` in the forward loop, so the
+backward pass only scales them (no second loop, no recomputation).
 """
 
 from __future__ import annotations
@@ -76,6 +80,70 @@ def live_rows(
         )
         inverse = jnp.argsort(order)
         grad_x = jax.tree.map(lambda g: g[: live.shape[0]][inverse], grad_x)
+        return grad_params, grad_x, None, None
+
+    @jax.custom_vjp
+    def apply(params, x, aux, live):
+        return forward(params, x, aux, live)[0]
+
+    apply.defvjp(forward, backward)
+    return apply
+
+
+def live_row_sum(
+    fn: Callable[[Any, Any, Any], tuple[jax.Array, Any]], num_chunks: int
+) -> Callable[[Any, Any, Any, jax.Array], tuple[jax.Array, Any]]:
+    """Wraps `fn(params, x, aux) -> (value [n], stats)` (rows independent) to sum live rows.
+
+    Returns `apply(params, x, aux, live) -> (value [], stats)`: the sums over the rows
+    where `live [N]` of `value` and of `stats` (a pytree of [n, ...] arrays). `value` is
+    differentiable in `params` and in `x` (a pytree of [N, ...] arrays), with the
+    gradients of a plain `jnp.sum(jnp.where(live, value, 0))`; `stats` carry no gradient
+    (diagnostics). `aux` is a pytree of [N, ...] arrays not differentiated. The gradients
+    are computed with the value, in the forward pass: meant for `jax.grad` /
+    `jax.value_and_grad` of a loss (a call without differentiation pays for them too).
+    """
+
+    def chunk_sum(params, x, aux, live):
+        value, stats = fn(params, x, aux)
+        stats = jax.tree.map(lambda s: jnp.sum(_mask(s, live), axis=0), stats)
+        return jnp.sum(jnp.where(live, value, 0.0)), stats
+
+    value_and_grad = jax.value_and_grad(chunk_sum, argnums=(0, 1), has_aux=True)
+
+    def forward(params, x, aux, live):
+        chex.assert_rank(live, 1)
+        order, count, chunk = _plan(live, num_chunks)
+        packed = _pack((x, aux, live), order, chunk * num_chunks)
+        value, stats = jax.eval_shape(chunk_sum, params, *_rows(packed, 0, chunk))
+        zeros = jax.tree.map(
+            lambda a: jnp.zeros(a.shape, a.dtype), (value, stats, params, packed[0])
+        )
+
+        def body(carry):
+            i, value, stats, grad_params, grad_x = carry
+            start = i * chunk
+            (chunk_value, chunk_stats), (chunk_params, chunk_x) = value_and_grad(
+                params, *_rows(packed, start, chunk)
+            )
+            grad_x = jax.tree.map(
+                lambda g, c: jax.lax.dynamic_update_slice_in_dim(g, c, start, 0), grad_x, chunk_x
+            )
+            value, stats, grad_params = jax.tree.map(
+                jnp.add, (value, stats, grad_params), (chunk_value, chunk_stats, chunk_params)
+            )
+            return i + 1, value, stats, grad_params, grad_x
+
+        _, value, stats, grad_params, grad_x = jax.lax.while_loop(
+            lambda c: c[0] < count, body, (jnp.int32(0), *zeros)
+        )
+        inverse = jnp.argsort(order)
+        grad_x = jax.tree.map(lambda g: g[: live.shape[0]][inverse], grad_x)
+        return (value, stats), (grad_params, grad_x)
+
+    def backward(residuals, grad):
+        grad_value = grad[0]
+        grad_params, grad_x = jax.tree.map(lambda g: grad_value * g, residuals)
         return grad_params, grad_x, None, None
 
     @jax.custom_vjp

@@ -32,8 +32,10 @@ from rlagent.prm.base import PRMInputs
 from rlagent.prm.base import PRMState
 from rlagent.prm.base import ProcessRewardModel
 from rlagent.rollout import RolloutConfig
+from rlagent.rollout import TokenScores
 from rlagent.rollout import make_rollout
 from rlagent.rollout import make_score
+from rlagent.rollout import make_score_sum
 from rlagent.train.config import TrainConfig
 from rlagent.train.estimators import estimate_advantages
 from rlagent.train.rewards import ReturnStats
@@ -98,6 +100,7 @@ def make_train(
     graphdef, _ = nnx.split(abstract)
     rollout = make_rollout(env, graphdef, rollout_config)
     score = make_score(env, graphdef, rollout_config)
+    score_sum = make_score_sum(env, graphdef, rollout_config, _token_loss(config))
     probe = (
         make_credit_probe(env, graphdef, rollout_config, config) if config.credit_every else None
     )
@@ -181,7 +184,7 @@ def make_train(
 
         (params, opt_state), stats = _optimise(
             state.params, state.opt_state, batch, shuffle_key, state.kl_coef,
-            loss=functools.partial(_ppo_loss, score=score, config=config),
+            loss=functools.partial(_ppo_loss, score_sum=score_sum, config=config),
             optimizer=optimizer, config=config,
         )  # fmt: skip
         stats = jax.tree.map(jnp.mean, stats)
@@ -304,55 +307,109 @@ def _optimise(
     return jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, config.num_epochs))
 
 
+class _TokenTargets(NamedTuple):
+    """What the PPO loss reads beside the scores, per token `[B, S, L]` (`[B, S]` for kl_coef)."""
+
+    old_logp: jax.Array  # behaviour log-probs.
+    advantages: jax.Array
+    old_values: jax.Array  # values at sampling time (value clipping).
+    value_targets: jax.Array
+    ref_logp: jax.Array  # the frozen reference's log-probs.
+    mask: jax.Array  # bool loss mask.
+    weight: jax.Array  # the token's weight in `config.agg`: a loss is sum(weight * x).
+    mean_weight: jax.Array  # its weight in a token mean (the diagnostics' reduction).
+    kl_coef: jax.Array  # [B, S] the KL loss coefficient.
+
+
 def _ppo_loss(
     params: nnx.State,
     minibatch: _Batch,
     kl_coef: jax.Array,
     *,
-    score: Callable[[nnx.State, Trajectory], tuple[jax.Array, jax.Array, jax.Array]],
+    score_sum: Callable[[nnx.State, Trajectory, _TokenTargets], tuple[jax.Array, Metrics]],
     config: TrainConfig,
 ) -> tuple[jax.Array, Metrics]:
-    """Clipped policy loss - entropy bonus (+ value loss, + KL loss) of one minibatch."""
+    """Clipped policy loss - entropy bonus (+ value loss, + KL loss) of one minibatch.
+
+    Every aggregation (`losses.aggregate`) is linear in the per-token values with weights
+    set by the mask alone, so the loss is a sum over turns of weighted token terms
+    (`_token_loss`), which `score_sum` computes turn by turn on played turns only.
+    """
     trajectory = minibatch.trajectory
-    mask = action_rows(trajectory.loss_mask)
-    logp, values, token_entropy = score(params, trajectory)
-    policy_loss, policy_stats = losses.ppo_policy_loss(
-        action_rows(logp),
-        action_rows(trajectory.logp),
-        action_rows(minibatch.advantages),
-        mask,
-        clip_low=config.clip_low,
-        clip_high=config.clip_high,
-        dual_clip=config.dual_clip,
-        agg=config.agg,
+    mask = trajectory.loss_mask
+    targets = _TokenTargets(
+        old_logp=trajectory.logp,
+        advantages=minibatch.advantages,
+        old_values=trajectory.values,
+        value_targets=minibatch.value_targets,
+        ref_logp=minibatch.ref_logp,
+        mask=mask,
+        weight=_token_weights(mask, config.agg),
+        mean_weight=_token_weights(mask, "token-mean"),
+        kl_coef=jnp.broadcast_to(kl_coef, mask.shape[:2]),
     )
-    entropy = losses.aggregate(action_rows(token_entropy), mask, config.agg)
-    total = policy_loss - config.entropy_coef * entropy
-    stats = {
-        "policy_loss": policy_loss,
-        "entropy": entropy,
-        "clip_fraction": policy_stats.clip_fraction,
-        "approx_kl": policy_stats.approx_kl,
-    }
-    if config.uses_critic:
-        value_loss = losses.value_loss(
-            action_rows(values),
-            action_rows(trajectory.values),
-            action_rows(minibatch.value_targets),
-            mask,
-            clip=config.value_clip,
-            agg=config.agg,
+    return score_sum(params, trajectory, targets)
+
+
+def _token_weights(mask: jax.Array, agg: str) -> jax.Array:
+    """[B, S, L] weights w with `losses.aggregate(x, mask, agg) = sum(w x)` (over action rows)."""
+    return jax.grad(lambda x: losses.aggregate(action_rows(x), action_rows(mask), agg))(
+        jnp.zeros(mask.shape, jnp.float32)
+    )
+
+
+def _token_loss(config: TrainConfig) -> Callable[[TokenScores, _TokenTargets], tuple]:
+    """`token_loss(scores [n, L], targets [n, ...]) -> (loss [n], stats [n])` per turn.
+
+    Each token's terms come from the loss kernels applied to that token alone (a one-token
+    batch, so their reductions are the identity), weighted by `targets.weight` (the loss
+    and the `config.agg` reductions) or `targets.mean_weight` (clip fraction, approx KL).
+    """
+    with_kl = _needs_reference(config) and config.kl_placement == "loss"
+
+    def one_token(kernel):
+        def apply(*args):
+            return kernel(*(jnp.reshape(a, (1, 1)) for a in args))
+
+        return jax.vmap(jax.vmap(apply))
+
+    @one_token
+    def policy_terms(logp, old_logp, advantages):
+        loss, stats = losses.ppo_policy_loss(
+            logp, old_logp, advantages, jnp.ones((1, 1), bool),
+            clip_low=config.clip_low, clip_high=config.clip_high, dual_clip=config.dual_clip,
+        )  # fmt: skip
+        return loss, stats.clip_fraction, stats.approx_kl
+
+    @one_token
+    def value_term(values, old_values, value_targets):
+        return losses.value_loss(
+            values, old_values, value_targets, jnp.ones((1, 1), bool), clip=config.value_clip
         )
-        total = total + config.value_coef * value_loss
-        stats["value_loss"] = value_loss
-    if _needs_reference(config) and config.kl_placement == "loss":
-        kl = losses.kl_penalty(
-            action_rows(logp), action_rows(minibatch.ref_logp), kind=config.kl_kind
-        )
-        kl_loss = losses.aggregate(kl, mask, config.agg)
-        total = total + kl_coef * kl_loss
-        stats["kl_loss"] = kl_loss
-    return total, stats
+
+    def token_loss(scores: TokenScores, targets: _TokenTargets):
+        def total(weight, x):
+            return jnp.sum(jnp.where(targets.mask, weight * x, 0.0), axis=-1)
+
+        policy, clipped, approx_kl = policy_terms(scores.logp, targets.old_logp, targets.advantages)
+        stats = {
+            "policy_loss": total(targets.weight, policy),
+            "entropy": total(targets.weight, scores.entropy),
+            "clip_fraction": total(targets.mean_weight, clipped),
+            "approx_kl": total(targets.mean_weight, approx_kl),
+        }
+        loss = stats["policy_loss"] - config.entropy_coef * stats["entropy"]
+        if config.uses_critic:
+            value = value_term(scores.values, targets.old_values, targets.value_targets)
+            stats["value_loss"] = total(targets.weight, value)
+            loss = loss + config.value_coef * stats["value_loss"]
+        if with_kl:
+            kl = losses.kl_penalty(scores.logp, targets.ref_logp, kind=config.kl_kind)
+            stats["kl_loss"] = total(targets.weight, kl)
+            loss = loss + targets.kl_coef * stats["kl_loss"]
+        return loss, jax.tree.map(jax.lax.stop_gradient, stats)
+
+    return token_loss
 
 
 def _needs_reference(config: TrainConfig) -> bool:
