@@ -50,7 +50,10 @@ def test_default_plan_compares_rewards_everywhere_and_estimators_at_two_horizons
         "process/gae_turn",
         "potential/gae_turn",
     )
-    runs = by_horizon[16]
+    assert len(by_horizon[16]) == 1
+    env = by_horizon[16][0].config.env
+    assert env.max_turns == 16 + 2 and env.num_intents == 5 and env.num_distractors == 0
+    runs = by_horizon[12]
     assert [r.name for r in runs] == [
         "gae_turn",
         "gae_token_lam0.9",
@@ -58,9 +61,8 @@ def test_default_plan_compares_rewards_everywhere_and_estimators_at_two_horizons
         "gigpo",
         "hierarchical",
     ]
-    assert runs[1].conditions == ("outcome/gae_token@0.9",)
+    assert runs[1].conditions == ("process/gae_token@0.9",)
     assert runs[1].config.train.estimator == "gae_token" and runs[1].config.train.lam == 0.9
-    assert runs[0].config.env.max_turns == 16 + 2 and runs[0].config.env.num_intents == 5
     accel = horizon_sweep.plan(horizon_sweep_accel.get_config())
     assert [h for h, _ in accel][-1] == 25 and all(len(runs) == 5 for _, runs in accel)
 

@@ -4,16 +4,22 @@ Usage:
   python -m experiments.horizon_sweep --workdir=runs/horizon_sweep
   python -m experiments.horizon_sweep --config.horizons=3,8,16 --config.seeds=3
 
-Budget (about 30 minutes on a quiet 2-core CPU, measured in pieces and extrapolated):
-the reward-form comparison (outcome, process verdict, potential shaping; gae_turn) at
+Budget (about 30 minutes on a quiet 2-core CPU, extrapolated from measured pieces): the
+reward-form comparison (outcome, clean process verdict, potential shaping; gae_turn) at
 every horizon 3, 5, 8, 12, 16, and the estimator comparison (gae_token with lambda 0.9,
-grpo, gigpo, hierarchical, each against gae_turn) under one reward form at horizons 8 and
-16 only; 5 seeds, 60 updates of 8 x 8 episodes. A tiny model does not learn an 8-turn
-plan from scratch in that budget (0 successes in 60 updates at h = 8, 2 seeds per reward
-form), so every condition starts from the same warm start per seed: behaviour cloning of
-oracle demonstrations on the short tasks h = 3, 5, 7 (`warm_start`; steps=0 turns it off).
-Horizons 3 and 5 are then in the demonstrations' range, 8 one exchange beyond it (two
-exchanges and a distractor), 12 and 16 far beyond.
+grpo, gigpo, hierarchical, each against gae_turn) under the process verdict at horizons 8
+and 12 only; 5 seeds, 60 updates of 8 x 8 episodes. Measured on the shared CPU (load
+about 7): the h = 16 piece (gae_turn with 3 reward forms, then grpo, 5 seeds each, plus
+the warm start) took 823 s wall, 6.5 CPU-minutes. Compiles (one program per horizon and
+estimator, with the credit probe) are a large share of it.
+
+A tiny model does not learn an 8-turn plan from scratch in that budget (0 successes in 60
+updates at h = 8, 2 seeds per reward form), so every condition starts from the same warm
+start per seed: behaviour cloning of oracle demonstrations on the short tasks h = 3, 5, 7
+(`warm_start`; steps=0 turns it off). Horizons 3 and 5 are then within the
+demonstrations, 8 one exchange beyond them (held-out success of the warm start about 0.5),
+12 and 16 far beyond (0). The estimator comparison uses the dense verdict because under
+the outcome reward a start at 0 success gives every estimator no signal at all.
 """
 
 import ml_collections
@@ -34,8 +40,8 @@ def get_config() -> ml_collections.ConfigDict:
     # Estimator comparison: estimator_reward with each of these (`name@lam` sets GAE's
     # lambda) at estimator_horizons, against its train.estimator run ('' = none).
     config.estimators = "gae_token@0.9,grpo,gigpo,hierarchical"
-    config.estimator_reward = "outcome"
-    config.estimator_horizons = "8,16"
+    config.estimator_reward = "process"
+    config.estimator_horizons = "8,12"
     config.seeds = 5  # per condition and horizon, trained in parallel under vmap.
     config.first_seed = 0
     config.chunk_size = 10  # updates per jitted call between metric writes / checkpoints.

@@ -37,6 +37,7 @@ from rlagent.envs import horizon_config
 from rlagent.train import experiment
 from rlagent.train import loop
 from rlagent.train import provenance
+from rlagent.train import report
 from rlagent.train import stats
 from rlagent.train.config import REWARDS
 from rlagent.train.config import TrainConfig
@@ -138,9 +139,9 @@ def run(
                 title=f"ToolWorld, shortest plan {horizon} turns", progress=progress,
                 initial_params=initial, initial_params_config=initial_config,
             )  # fmt: skip
-        except loop.Diverged as error:
+        except loop.Diverged as error:  # reported; its rows still summarise the seeds
             diverged.append(f"h={horizon}: {error}")
-            summary = None
+            summary = report.summarize(error.rows)
         rows += seed_rows(horizon, MetricWriter(folder, tensorboard=False).read(), summary)
         _log(start, f"horizon {horizon} done")
     writer = MetricWriter(workdir, tensorboard=False, filename="horizon.csv")
@@ -162,14 +163,14 @@ def run(
 
 
 def seed_rows(
-    horizon: int, metrics: Sequence[Mapping[str, Any]], summary: Mapping[str, Any] | None
+    horizon: int, metrics: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
     """One row per condition and seed of a horizon's run (`horizon.csv`).
 
-    From `summary` (`report.summarize`; None when a run diverged, then from the metrics
-    alone): `final_success` (training batches, last 10% of updates), held-out
-    `eval_sampled_success` / `eval_greedy_success` (last evaluation), `auc` (area under the
-    success curve over the horizon's common budget of turns) and `turns_to_50/80`
+    From `summary` (`report.summarize` of the horizon): `final_success` (training
+    batches, last 10% of updates), held-out `eval_sampled_success` / `eval_greedy_success`
+    (last evaluation), `auc` (area under the training success curve over the horizon's
+    common budget of turns) and `turns_to_50/80`
     (censored at that budget, `reached_50/80`). From the metric rows: `initial_success`
     (the first batch, sampled from the starting policy), `env_turns` (experience), and the
     first and last credit-accuracy measurements `credit_<m>_first` / `credit_<m>_last`.
@@ -185,11 +186,11 @@ def seed_rows(
         row.update(seed=seed, updates=int(run_rows[-1]["update"]))
         row["initial_success"] = float(run_rows[0]["success"])
         row["env_turns"] = float(run_rows[-1]["env_turns_total"])
-        per_seed = {}
-        if summary is not None and condition in summary["conditions"]:
-            entry = summary["conditions"][condition]
-            index = entry["seeds"].index(seed)
-            per_seed = {k: v[index] for k, v in entry["per_seed"].items()}
+        entry = summary["conditions"][condition]
+        index = entry["seeds"].index(seed)
+        # A list shorter than the seeds (e.g. evaluations a diverged seed missed) is unaligned.
+        aligned = {k: v for k, v in entry["per_seed"].items() if len(v) == len(entry["seeds"])}
+        per_seed = {k: v[index] for k, v in aligned.items()}
         for key in ("final_success", "eval_sampled_success", "eval_greedy_success", "auc"):
             row[key] = float(per_seed.get(key, np.nan))
         for p in (50, 80):
