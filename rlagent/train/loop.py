@@ -366,7 +366,7 @@ def _init(trainer: Trainer):
 
 
 @functools.lru_cache(maxsize=32)
-def _chunk(trainer: Trainer, length: int, phase: int):
+def _chunk(trainer: Trainer, length: int, phase: int = 0):
     """`jit(vmap(scan(update)))`: `length` updates of every run in one device call, from a
     step whose remainder modulo `credit_every` is `phase` (which updates probe credit)."""
 
