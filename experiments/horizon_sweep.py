@@ -3,6 +3,7 @@ r"""The long-horizon study: reward forms and estimators from 3- to 16-turn plans
   python -m experiments.horizon_sweep --workdir=runs/horizon_sweep
   python -m experiments.horizon_sweep --config.horizons=3,8,16 --config.seeds=3
   python -m experiments.horizon_sweep --config=experiments/configs/horizon_sweep_accel.py
+  python -m experiments.horizon_sweep --workdir=runs/horizon_sweep --report_only  # redraw
 
 Writes to --workdir: horizon.csv (one row per horizon, condition and seed), horizon.png
 (held-out success, sample efficiency and credit accuracy vs horizon, one line per
@@ -44,12 +45,20 @@ _RESUME = flags.DEFINE_bool(
 _OVERWRITE = flags.DEFINE_bool(
     "overwrite", False, "Replace the results in a non-empty --workdir (refused otherwise)."
 )
+_REPORT_ONLY = flags.DEFINE_bool(
+    "report_only",
+    False,
+    "Only rewrite summary.md, summary.json and horizon.png from --workdir's horizon.csv.",
+)
 
 
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # keep Orbax's per-checkpoint INFO lines out.
     try:
+        if _REPORT_ONLY.value:
+            horizon_sweep.write_report(_WORKDIR.value, _CONFIG.value)
+            return
         horizon_sweep.run(
             _CONFIG.value, _WORKDIR.value, resume=_RESUME.value, overwrite=_OVERWRITE.value
         )

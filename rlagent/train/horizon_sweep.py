@@ -147,6 +147,18 @@ def run(
     writer = MetricWriter(workdir, tensorboard=False, filename="horizon.csv")
     writer.clear()
     writer.write(rows)
+    summary = write_report(workdir, config)
+    provenance.write(workdir, {**record, "wall_s": round(time.time() - start, 1)})
+    if diverged:
+        raise loop.Diverged(" ".join(diverged), rows)
+    return summary
+
+
+def write_report(workdir: str, config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """summary.md, summary.json and horizon.png from `<workdir>/horizon.csv` (also alone,
+    to redraw a finished sweep's report); the gaps are to the first reward form with
+    `train.estimator`."""
+    rows = MetricWriter(workdir, tensorboard=False, filename="horizon.csv").read()
     reference = f"{names(config.conditions)[0]}/{config.train.estimator}"
     summary = summarize(rows, reference=reference)
     plot(summary, os.path.join(workdir, "horizon.png"))
@@ -155,10 +167,7 @@ def run(
         f.write(table)
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
-    provenance.write(workdir, {**record, "wall_s": round(time.time() - start, 1)})
     print(table, flush=True)
-    if diverged:
-        raise loop.Diverged(" ".join(diverged), rows)
     return summary
 
 
@@ -331,12 +340,14 @@ def plot(summary: Mapping[str, Any], path: str) -> None:
     cells = [summary["horizons"][h]["conditions"] for h in horizons]
     conditions = list(dict.fromkeys(c for cell in cells for c in cell))
     reference_estimator = summary["settings"]["reference"].partition("/")[2]
+    success = summary["settings"]["success"].replace("eval_", "held-out ").replace("_", " ")
     panels = [
-        ("success", summary["settings"]["success"].replace("_", " ")),
-        ("auc", "AUC of training success"),
+        ("success", f"{success} (IQM, 95% CI)"),
+        ("auc", "AUC of training success (IQM, 95% CI)"),
     ]
     if any("credit_spearman" in e for cell in cells for e in cell.values()):
-        panels.append(("credit_spearman", "credit accuracy (Spearman, last)"))
+        panels.append(("credit_spearman", "credit accuracy, last (Spearman, mean ± CI)"))
+    colors = {condition: f"C{i % 10}" for i, condition in enumerate(conditions)}
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
     for ax, (key, label) in zip(axes, panels, strict=True):
         for condition in conditions:
@@ -358,8 +369,9 @@ def plot(summary: Mapping[str, Any], path: str) -> None:
                     [p["iqm"]["high"] for _, p in points],
                 )
             style = "-" if condition.partition("/")[2] == reference_estimator else "--"
-            (line,) = ax.plot(x, y, style, marker="o", label=condition)
-            ax.fill_between(x, low, high, alpha=0.15, color=line.get_color())
+            ax.plot(x, y, style, marker="o", label=condition, color=colors[condition])
+            ax.fill_between(x, low, high, alpha=0.15, color=colors[condition])
+        ax.set_xticks([int(h) for h in horizons])
         ax.set_xlabel("shortest plan (turns)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
