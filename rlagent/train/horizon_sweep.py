@@ -143,6 +143,7 @@ def run(
             diverged.append(f"h={horizon}: {error}")
             summary = report.summarize(error.rows)
         rows += seed_rows(horizon, MetricWriter(folder, tensorboard=False).read(), summary)
+        loop.clear_compiled()  # no horizon's programs run again (an OOM in compiles otherwise)
         _log(start, f"horizon {horizon} done")
     writer = MetricWriter(workdir, tensorboard=False, filename="horizon.csv")
     writer.clear()

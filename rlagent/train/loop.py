@@ -328,6 +328,14 @@ def _divergence_message(metrics, t, done, runs, manager) -> str:
     )
 
 
+def clear_compiled() -> None:
+    """Drops the cached trainers and compiled programs (and jax's caches): a long sweep of
+    many programs, each compiled once, would otherwise keep every executable in memory."""
+    for cached in (_trainer, _init, _chunk, _evaluator):
+        cached.cache_clear()
+    jax.clear_caches()
+
+
 @functools.lru_cache(maxsize=16)
 def _trainer(config, env, policy_config, rollout_config, mesh) -> Trainer:
     # Cached so that repeated runs of one setup (resume, several calls in a notebook or a
