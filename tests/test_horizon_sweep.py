@@ -177,6 +177,7 @@ def test_tiny_sweep_writes_every_file(tmp_path):
     assert set(saved["horizons"]) == {"2", "3"}
     assert saved["settings"]["success"] == "final_success"
     assert json.loads((tmp_path / "provenance.json").read_text())["horizons"] == [2, 3]
+    assert loop._chunk.cache_info().currsize == 0  # each horizon's programs were dropped
     with pytest.raises(loop.RunError, match="not empty"):
         horizon_sweep.run(config, str(tmp_path), progress=False)
     config.seeds = 2
