@@ -119,6 +119,27 @@ def test_training_logs_credit_accuracy_every_k_updates(env):
     assert np.isfinite(np.asarray(metrics["credit_relative_variance"])[0])
 
 
+def test_only_the_measured_updates_trace_the_monte_carlo(env, monkeypatch):
+    """Under vmap over runs, the updates between measurements must not hold the MC."""
+    traced = []
+    mc_values = mc.mc_values
+    monkeypatch.setattr(mc, "mc_values", lambda *a, **k: traced.append(1) or mc_values(*a, **k))
+    config = TrainConfig(
+        num_groups=2, group_size=2, credit_every=2, credit_episodes=2, credit_samples=2
+    )
+    trainer = make_train(config, env, POLICY, RolloutConfig(window=1, constrained=True))
+    states = jax.vmap(trainer.init)(jax.random.split(jax.random.key(0), 2))
+    jax.eval_shape(jax.vmap(trainer.update), states)
+    assert not traced
+    # Steps 1, 2, 3: a plain head, then one block whose first update (step 2) measures.
+    _, metrics = jax.eval_shape(jax.vmap(lambda s: trainer.updates(s, 3, first_step=1)), states)
+    assert len(traced) == 1
+    assert metrics["credit_num_turns"].shape == (2, 3)
+    plain = make_train(TrainConfig(num_groups=2, group_size=2), env, POLICY, RolloutConfig())
+    with pytest.raises(ValueError, match="credit_every"):
+        plain.update(states, measure_credit=True)
+
+
 def test_probe_options_are_validated():
     with pytest.raises(ValueError, match="credit_episodes"):
         TrainConfig(num_groups=2, group_size=2, credit_every=1, credit_episodes=5)

@@ -4,8 +4,13 @@ Every `credit_every` updates, the trainer forks the first `credit_episodes` epis
 its batch at every played turn, continues them `credit_samples` times with the current
 policy (`rlagent.credit.lm`), and scores the configured estimator's credit on them (the
 advantages the update trains on, aggregated to turns as the loss weighs them) against the
-Monte-Carlo advantages under the run's reward form. Other updates log NaN. Off (0) by
-default; when off nothing of this is built or traced.
+Monte-Carlo advantages under the run's reward form. Other updates log NaN (`skipped`).
+Off (0) by default; when off nothing of this is built or traced.
+
+Which updates measure is decided outside the compiled update (`Trainer.update(state,
+measure_credit=True)`, a static flag; `ppo.scan_updates` and the host loop call it on
+steps divisible by `credit_every`): a `lax.cond` on the step would be batched under the
+vmap over runs and then runs both branches, i.e. the Monte-Carlo cost on every update.
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ from rlagent.types import Trajectory
 
 class CreditProbe(NamedTuple):
     rollout: Callable[..., tuple[Trajectory, Any]]  # make_rollout(..., with_carries=True)
-    # measure(params, carries, trajectory, advantages [B,S,L], reward_weights [C], key, step)
+    # measure(params, carries, trajectory, advantages [B,S,L], reward_weights [C], key)
     measure: Callable[..., dict[str, jax.Array]]
+    skipped: Callable[[], dict[str, jax.Array]]  # the same metrics, NaN (updates not measured)
 
 
 def make_credit_probe(
@@ -40,38 +46,44 @@ def make_credit_probe(
     """The rollout that keeps its carries, and the periodic credit measurement."""
     episodes = config.credit_episodes
 
-    def measure(params, carries, trajectory, advantages, reward_weights, key, step):
-        def run():
-            first = lambda x: x[:episodes]  # noqa: E731
-            forks = jax.tree.map(first, lm.forks_from_carries(carries))
-            prefix = jax.tree.map(first, mc.trajectory_signals(trajectory))
-            play = lm.play_policy(env, graphdef, rollout_config, params)
-            values = mc.mc_values(
-                play,
-                forks,
-                prefix,
-                key,
-                num_samples=config.credit_samples,
-                reward_weights=reward_weights,
-                config=config,
-            )
-            token_mask = first(trajectory.loss_mask)
-            credit = accuracy.turn_credit(first(advantages), token_mask, agg=config.agg)
-            scores = accuracy.credit_accuracy(
-                credit,
-                values.advantage,
-                values.advantage_se,
-                prefix.turn_mask,
-                prefix.verdict,
-            )
-            return jnp.stack([jnp.asarray(v, jnp.float32) for v in scores])
+    def measure(params, carries, trajectory, advantages, reward_weights, key):
+        first = lambda x: x[:episodes]  # noqa: E731
+        forks = jax.tree.map(first, lm.forks_from_carries(carries))
+        prefix = jax.tree.map(first, mc.trajectory_signals(trajectory))
+        play = lm.play_policy(env, graphdef, rollout_config, params)
+        values = mc.mc_values(
+            play,
+            forks,
+            prefix,
+            key,
+            num_samples=config.credit_samples,
+            reward_weights=reward_weights,
+            config=config,
+        )
+        token_mask = first(trajectory.loss_mask)
+        credit = accuracy.turn_credit(first(advantages), token_mask, agg=config.agg)
+        scores = accuracy.credit_accuracy(
+            credit,
+            values.advantage,
+            values.advantage_se,
+            prefix.turn_mask,
+            prefix.verdict,
+        )
+        return _named(scores)
 
-        nan = jnp.full((len(accuracy.CreditAccuracy._fields),), jnp.nan, jnp.float32)
-        scores = jax.lax.cond(step % config.credit_every == 0, run, lambda: nan)
-        return {
-            f"credit_{name}": scores[i] for i, name in enumerate(accuracy.CreditAccuracy._fields)
-        }
+    def skipped():
+        return _named([jnp.nan] * len(accuracy.CreditAccuracy._fields))
 
     return CreditProbe(
-        rollout=make_rollout(env, graphdef, rollout_config, with_carries=True), measure=measure
+        rollout=make_rollout(env, graphdef, rollout_config, with_carries=True),
+        measure=measure,
+        skipped=skipped,
     )
+
+
+def _named(scores) -> dict[str, jax.Array]:
+    """`credit_<field>` float32 scalars of the `accuracy.CreditAccuracy` scores."""
+    return {
+        f"credit_{name}": jnp.asarray(value, jnp.float32)
+        for name, value in zip(accuracy.CreditAccuracy._fields, scores, strict=True)
+    }

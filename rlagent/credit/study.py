@@ -72,7 +72,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         {**config.train, "num_groups": config.num_groups, "group_size": config.group_size}
     )
     estimators = {
-        spec: _estimator_config(base, spec)
+        spec: estimator_config(base, spec)
         for spec in names(config.estimators, "estimators", "estimator")
     }
     rewards = names(config.rewards, "rewards", "reward form")
@@ -306,7 +306,7 @@ def _score(est_config: TrainConfig, batch: _Batch, r: int, weights) -> accuracy.
     )
 
 
-def _estimator_config(base: TrainConfig, spec: str) -> TrainConfig:
+def estimator_config(base: TrainConfig, spec: str) -> TrainConfig:
     """`name` or `name@lam` (e.g. `gae_token@0.9`) -> the TrainConfig of that estimator."""
     name, _, lam = spec.partition("@")
     fields = {"estimator": name}

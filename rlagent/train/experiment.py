@@ -137,6 +137,8 @@ def run_and_report(
     mesh: jax.sharding.Mesh | None = None,
     progress: bool = True,
     experience: str = "env_turns_total",
+    initial_params: Any = None,
+    initial_params_config: Any = None,
 ) -> dict[str, Any]:
     """Trains every run (seeds in parallel), then writes metrics.csv, curves.png, summary.*.
 
@@ -145,12 +147,13 @@ def run_and_report(
     reported (marked in the summary) and `loop.Diverged` is raised after the report.
     `experience` is the x-axis of curves and budgets (`report.summarize`); with
     `report.TOTAL_TURNS` the rows gain it (`report.with_total_turns`: labels' turns count).
+    `initial_params` / `initial_params_config`: each seed's starting policy, see `loop.run`.
     """
     if int(config.seeds) < 1:
         raise ValueError(f"config.seeds must be >= 1, got {config.seeds}.")
     seeds = list(range(config.first_seed, config.first_seed + config.seeds))
     setups = [build(run.config) for run in runs]  # config errors before anything is written.
-    _prepare_workdir(workdir, resume=resume, overwrite=overwrite)
+    prepare_workdir(workdir, resume=resume, overwrite=overwrite)
     start = time.time()
     record = provenance.collect(config.to_dict(), runs=[run.name for run in runs])
     provenance.write(workdir, record)
@@ -171,6 +174,8 @@ def run_and_report(
                 overwrite=overwrite,
                 mesh=mesh,
                 progress=progress,
+                initial_params=initial_params,
+                initial_params_config=initial_params_config,
             )
         except loop.Diverged as error:
             run_rows = error.rows
@@ -251,7 +256,10 @@ REPORT_FILES = (
 )
 
 
-def _prepare_workdir(workdir: str, *, resume: bool, overwrite: bool) -> None:
+def prepare_workdir(
+    workdir: str, *, resume: bool, overwrite: bool, files: Sequence[str] = REPORT_FILES
+) -> None:
+    """Refuses a non-empty `workdir` unless `resume` or `overwrite` (which removes `files`)."""
     if resume and overwrite:
         raise ValueError("resume and overwrite exclude each other.")
     entries = sorted(os.listdir(workdir)) if os.path.isdir(workdir) else []
@@ -261,7 +269,7 @@ def _prepare_workdir(workdir: str, *, resume: bool, overwrite: bool) -> None:
             "to continue its runs or --overwrite to replace them."
         )
     if overwrite:
-        for name in REPORT_FILES:
+        for name in files:
             if os.path.exists(os.path.join(workdir, name)):
                 os.remove(os.path.join(workdir, name))
     os.makedirs(workdir, exist_ok=True)

@@ -85,6 +85,8 @@ def run(
     progress: bool = True,
     tensorboard: bool = True,
     checkpoint: bool = True,
+    initial_params: Any = None,
+    initial_params_config: Any = None,
 ) -> list[dict[str, Any]]:
     """Trains every (reward condition, seed) pair in parallel; returns all metric rows.
 
@@ -101,6 +103,10 @@ def run(
     updates that were not evaluated; chunks then end at every evaluation. `stop_after`
     ends this call after that many updates in total (a checkpoint is written;
     `resume=True` continues).
+    `initial_params` (parameters with a leading `[len(seeds)]` axis, e.g. from
+    `rlagent.train.warm_start`) replace each seed's fresh initial policy and KL reference,
+    alike for every condition; `initial_params_config` (how they were made) joins the
+    resolved config, so that `resume` refuses a different one.
     See the module docstring for `resume` / `overwrite` and the errors raised
     (`RunError`, `Diverged`).
     """
@@ -120,6 +126,7 @@ def run(
         rollout=rollout_config,
         seeds=[int(seed) for seed in seeds],
         conditions=conditions,
+        **({} if initial_params is None else {"initial_params": initial_params_config}),
     )
     resume = _prepare_workdir(workdir, resolved, config, resume=resume, overwrite=overwrite)
     os.makedirs(workdir, exist_ok=True)
@@ -128,6 +135,11 @@ def run(
     keys = jnp.stack([jax.random.PRNGKey(seed) for _, seed in runs])
     weights = jnp.stack([reward_weights(config, condition) for condition, _ in runs])
     state = _init(trainer)(keys, weights)
+    if initial_params is not None:
+        # Adam's moments start at zero whatever the parameters, so opt_state stays valid.
+        index = jnp.asarray([list(seeds).index(seed) for _, seed in runs])
+        params = jax.tree.map(lambda x: jnp.asarray(x)[index], initial_params)
+        state = state._replace(params=params, ref_params=params)
     writer, manager = MetricWriter(workdir, tensorboard=tensorboard), None
     try:
         manager = _checkpoint_manager(workdir) if checkpoint else None
@@ -186,7 +198,9 @@ def _train(
             length = min(chunk_size, last - done)
             if evaluate is not None:  # end the chunk at the next evaluation
                 length = min(length, config.eval_every - done % config.eval_every)
-            chunk = _chunk(trainer, length)
+            chunk = _chunk(
+                trainer, length, done % config.credit_every if config.credit_every else 0
+            )
             start = time.perf_counter()
             state, metrics = chunk(state)
             metrics = jax.device_get(metrics)  # [runs, length] per metric; waits for the device.
@@ -314,6 +328,14 @@ def _divergence_message(metrics, t, done, runs, manager) -> str:
     )
 
 
+def clear_compiled() -> None:
+    """Drops the cached trainers and compiled programs (and jax's caches): a long sweep of
+    many programs, each compiled once, would otherwise keep every executable in memory."""
+    for cached in (_trainer, _init, _chunk, _evaluator):
+        cached.cache_clear()
+    jax.clear_caches()
+
+
 @functools.lru_cache(maxsize=16)
 def _trainer(config, env, policy_config, rollout_config, mesh) -> Trainer:
     # Cached so that repeated runs of one setup (resume, several calls in a notebook or a
@@ -352,11 +374,12 @@ def _init(trainer: Trainer):
 
 
 @functools.lru_cache(maxsize=32)
-def _chunk(trainer: Trainer, length: int):
-    """`jit(vmap(scan(update)))`: `length` updates of every run in one device call."""
+def _chunk(trainer: Trainer, length: int, phase: int = 0):
+    """`jit(vmap(scan(update)))`: `length` updates of every run in one device call, from a
+    step whose remainder modulo `credit_every` is `phase` (which updates probe credit)."""
 
     def chunk(state: RunnerState):
-        return jax.lax.scan(lambda s, _: trainer.update(s), state, None, length=length)
+        return trainer.updates(state, length, first_step=phase)
 
     return jax.jit(jax.vmap(chunk))
 

@@ -5,6 +5,7 @@ the policy architecture and returns a `Trainer` of pure functions:
 
     state = trainer.init(key)                  # params, optimiser, frozen reference, key
     state, metrics = trainer.update(state)     # rollout -> rewards -> advantages -> PPO
+    state, metrics = trainer.updates(state, n)  # n updates under lax.scan (credit probe placed)
     state, metrics = trainer.train(key)        # init + lax.scan over config.num_updates
 
 Everything is jit-able and vmap-able over seeds: `jax.jit(jax.vmap(trainer.train))(keys)`.
@@ -67,7 +68,13 @@ class RunnerState(NamedTuple):
 
 class Trainer(NamedTuple):
     init: Callable[..., RunnerState]  # init(key, reward_weights=None)
-    update: Callable[[RunnerState], tuple[RunnerState, Metrics]]
+    # update(state, measure_credit=False): one iteration; the static flag runs the credit
+    # probe (config.credit_every; otherwise its metrics are NaN).
+    update: Callable[..., tuple[RunnerState, Metrics]]
+    # updates(state, length, first_step=0): `length` updates under lax.scan, measuring
+    # credit on the steps divisible by config.credit_every (`first_step`: static, the step
+    # of state). Metrics [length] per name.
+    updates: Callable[..., tuple[RunnerState, Metrics]]
     train: Callable[[jax.Array], tuple[RunnerState, Metrics]]
     rollout: Callable[..., Trajectory]
     graphdef: Any
@@ -143,15 +150,17 @@ def make_train(
             step=jnp.zeros((), jnp.int32),
         )
 
-    def update(state: RunnerState) -> tuple[RunnerState, Metrics]:
+    def update(state: RunnerState, measure_credit: bool = False) -> tuple[RunnerState, Metrics]:
+        if measure_credit and probe is None:
+            raise ValueError("measure_credit needs TrainConfig.credit_every > 0.")
         key, env_key, policy_key, shuffle_key = jax.random.split(state.key, 4)
         # Episodes of a group share the environment key, hence the task.
         env_keys = jnp.repeat(jax.random.split(env_key, config.num_groups), config.group_size, 0)
         policy_keys = jax.random.split(policy_key, batch_size)
-        if carry_rollout is None:
-            trajectory, carries = rollout(state.params, shard(env_keys), shard(policy_keys)), None
-        else:
+        if measure_credit or (prm is not None and prm.needs_carries):
             trajectory, carries = carry_rollout(state.params, shard(env_keys), shard(policy_keys))
+        else:
+            trajectory, carries = rollout(state.params, shard(env_keys), shard(policy_keys)), None
         trajectory = shard(jax.lax.stop_gradient(trajectory))
         if not config.bootstrap_truncated:
             trajectory = trajectory._replace(
@@ -199,19 +208,15 @@ def make_train(
         }
         if config.normalize_returns:
             metrics["return_std"] = jnp.sqrt(return_stats.m2 / return_stats.count)
-        if probe is not None:
+        if measure_credit:
             probe_key = jax.random.fold_in(shuffle_key, 0xC4ED)  # the run's keys stay as they are
             metrics.update(
                 probe.measure(
-                    state.params,
-                    carries,
-                    trajectory,
-                    advantages,
-                    state.reward_weights,
-                    probe_key,
-                    state.step,
+                    state.params, carries, trajectory, advantages, state.reward_weights, probe_key
                 )
             )
+        elif probe is not None:
+            metrics.update(probe.skipped())
         if needs_ref:
             metrics["kl_to_ref"] = kl_now
         new_state = state._replace(
@@ -225,11 +230,46 @@ def make_train(
         )
         return new_state, metrics
 
-    def train(key: jax.Array) -> tuple[RunnerState, Metrics]:
-        state = init(key)
-        return jax.lax.scan(lambda s, _: update(s), state, None, length=config.num_updates)
+    def updates(state: RunnerState, length: int, first_step: int = 0):
+        return _scan_updates(update, state, length, first_step, config.credit_every)
 
-    return Trainer(init=init, update=update, train=train, rollout=rollout, graphdef=graphdef)
+    def train(key: jax.Array) -> tuple[RunnerState, Metrics]:
+        return updates(init(key), config.num_updates)
+
+    return Trainer(
+        init=init, update=update, updates=updates, train=train, rollout=rollout, graphdef=graphdef
+    )
+
+
+def _scan_updates(update, state, length: int, first_step: int, credit_every: int):
+    """`length` updates under lax.scan; those at steps divisible by `credit_every` (0: none)
+    measure credit. The measured updates are placed statically (a head of plain updates,
+    scanned blocks of one measured update and credit_every - 1 plain ones, a tail block),
+    since a traced step condition would run the probe on every update under vmap."""
+    plain = lambda s, _: update(s)  # noqa: E731
+    if not credit_every:
+        return jax.lax.scan(plain, state, None, length=length)
+
+    def block(s, size):
+        s, measured = update(s, measure_credit=True)
+        s, rest = jax.lax.scan(plain, s, None, length=size - 1)
+        return s, jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), measured, rest)
+
+    head = min(-first_step % credit_every, length)
+    blocks, tail = divmod(length - head, credit_every)
+    parts = []
+    if head:
+        state, metrics = jax.lax.scan(plain, state, None, length=head)
+        parts.append(metrics)
+    if blocks:
+        state, metrics = jax.lax.scan(
+            lambda s, _: block(s, credit_every), state, None, length=blocks
+        )
+        parts.append(jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), metrics))
+    if tail:
+        state, metrics = block(state, tail)
+        parts.append(metrics)
+    return state, jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
 
 
 def _process_rewards(

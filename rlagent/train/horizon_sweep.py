@@ -1,0 +1,471 @@
+"""The long-horizon study: reward forms and estimators from short to long plans.
+
+For every shortest-plan horizon h of `config.horizons` (`envs.horizon_config`: level-4
+exchanges and distractors, `config.slack` turns to spare), the reward forms of
+`config.conditions` train with `config.train.estimator`; at the horizons of
+`config.estimator_horizons`, `config.estimator_reward` also trains with every estimator
+of `config.estimators` (one compiled program per estimator, reward forms being data).
+Condition labels are `reward/estimator`. Every condition and horizon starts from the same
+policy per seed: fresh, or warm-started by behaviour cloning of oracle demonstrations on
+the tasks of `config.warm_start_horizons` (`rlagent.train.warm_start`) when
+`config.warm_start.steps > 0`.
+
+Each horizon is an `experiment.run_and_report` under `<workdir>/h<h>` (metrics.csv,
+curves, summaries, checkpoints); the sweep then writes `horizon.csv` (one row per
+horizon, condition and seed), `horizon.png`, `summary.md`, `summary.json` and
+`provenance.json` (`summarize` defines every number).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from rlagent.credit.study import estimator_config
+from rlagent.envs import ToolWorld
+from rlagent.envs import horizon_config
+from rlagent.train import experiment
+from rlagent.train import loop
+from rlagent.train import provenance
+from rlagent.train import report
+from rlagent.train import stats
+from rlagent.train.config import REWARDS
+from rlagent.train.config import TrainConfig
+from rlagent.train.experiment import Run
+from rlagent.train.experiment import names
+from rlagent.train.ppo import make_train
+from rlagent.train.warm_start import WarmStartConfig
+from rlagent.train.warm_start import make_warm_start
+from rlagent.train.writers import MetricWriter
+
+FILES = ("horizon.csv", "horizon.png", "summary.md", "summary.json", provenance.FILENAME)
+# Credit-accuracy scores (rlagent.credit.probe) kept per seed: first and last measurement.
+CREDIT_METRICS = ("spearman", "sign_agreement", "auroc_verdict")
+# Folded into a seed's key for its warm start (the training keys stay as they are).
+WARM_START_STREAM = 0xB0C
+
+
+def plan(config: ml_collections.ConfigDict) -> list[tuple[int, list[Run]]]:
+    """The runs of every horizon, `[(h, runs)]`; every config error is raised here."""
+    horizons = _ints(config.horizons, "horizons", "horizon")
+    if int(config.slack) < 0:
+        raise ValueError(f"config.slack must be >= 0, got {config.slack}.")
+    envs = {h: _env_section(h, int(config.slack)) for h in horizons}
+    rewards = names(config.conditions)
+    for reward in rewards:
+        if reward not in REWARDS:
+            raise ValueError(
+                f"config.conditions: unknown reward form {reward!r}; known: {REWARDS}."
+            )
+    base = TrainConfig.from_mapping(config.train)
+    estimators = names(config.estimators, "estimators", "estimator") if config.estimators else []
+    specs = {}
+    for spec in estimators:
+        try:
+            specs[spec] = estimator_config(base, spec)
+        except ValueError as error:
+            raise ValueError(f"config.estimators: {spec!r}: {error}") from None
+    estimator_horizons = []
+    if estimators and config.estimator_horizons:
+        estimator_horizons = _ints(config.estimator_horizons, "estimator_horizons", "horizon")
+        outside = sorted(set(estimator_horizons) - set(horizons))
+        if outside:
+            raise ValueError(f"config.estimator_horizons {outside} are not in config.horizons.")
+        if config.estimator_reward not in rewards:
+            raise ValueError(
+                f"config.estimator_reward {config.estimator_reward!r} must be one of "
+                f"config.conditions ({', '.join(rewards)}): its {base.estimator} run is the "
+                "baseline of the estimator comparison."
+            )
+    if int(config.warm_start.steps):
+        _ints(config.warm_start_horizons, "warm_start_horizons", "horizon")
+    plans = []
+    for horizon in horizons:
+        env = envs[horizon]
+        runs = [_run(config, env, base.estimator, {}, rewards)]
+        if horizon in estimator_horizons:
+            for spec, est in specs.items():
+                fields = {"estimator": est.estimator, "lam": est.lam}
+                runs.append(_run(config, env, spec, fields, [config.estimator_reward]))
+        plans.append((horizon, runs))
+    return plans
+
+
+def run(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Runs the sweep (see the module docstring); returns the summary of `summarize`.
+
+    A non-empty `workdir` needs `resume` (continue; the config must match the stored one)
+    or `overwrite`. A diverged run is reported and `loop.Diverged` raised at the end.
+    """
+    plans = plan(config)
+    experiment.prepare_workdir(workdir, resume=resume, overwrite=overwrite, files=FILES)
+    stored = provenance.read(workdir) if resume else None
+    if stored is not None:
+        may_change = loop.RESUMABLE_FIELDS if config.train.lr_schedule == "constant" else ()
+        current = provenance.resolved(**config.to_dict())
+        diff = provenance.config_mismatch(stored["config"], current, may_change)
+        if diff:
+            raise loop.RunError(
+                f"Cannot resume {workdir} with a different config: {'; '.join(diff)}."
+            )
+    start = time.time()
+    record = provenance.collect(config.to_dict(), horizons=[h for h, _ in plans])
+    provenance.write(workdir, record)
+    initial, initial_config = _warm_start(config, plans[0][1][0], start)
+    rows, diverged = [], []
+    for horizon, runs in plans:
+        _log(start, f"horizon {horizon}: {', '.join(r.name for r in runs)}")
+        folder = os.path.join(workdir, f"h{horizon:02d}")
+        try:
+            summary = experiment.run_and_report(
+                runs, config, workdir=folder, resume=resume, overwrite=overwrite,
+                title=f"ToolWorld, shortest plan {horizon} turns", progress=progress,
+                initial_params=initial, initial_params_config=initial_config,
+            )  # fmt: skip
+        except loop.Diverged as error:  # reported; its rows still summarise the seeds
+            diverged.append(f"h={horizon}: {error}")
+            summary = report.summarize(error.rows)
+        rows += seed_rows(horizon, MetricWriter(folder, tensorboard=False).read(), summary)
+        loop.clear_compiled()  # no horizon's programs run again (an OOM in compiles otherwise)
+        _log(start, f"horizon {horizon} done")
+    writer = MetricWriter(workdir, tensorboard=False, filename="horizon.csv")
+    writer.clear()
+    writer.write(rows)
+    summary = write_report(workdir, config)
+    provenance.write(workdir, {**record, "wall_s": round(time.time() - start, 1)})
+    if diverged:
+        raise loop.Diverged(" ".join(diverged), rows)
+    return summary
+
+
+def write_report(workdir: str, config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """summary.md, summary.json and horizon.png from `<workdir>/horizon.csv` (also alone,
+    to redraw a finished sweep's report); the gaps are to the first reward form with
+    `train.estimator`."""
+    rows = MetricWriter(workdir, tensorboard=False, filename="horizon.csv").read()
+    reference = f"{names(config.conditions)[0]}/{config.train.estimator}"
+    summary = summarize(rows, reference=reference)
+    plot(summary, os.path.join(workdir, "horizon.png"))
+    table = markdown(summary)
+    with open(os.path.join(workdir, "summary.md"), "w") as f:
+        f.write(table)
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    print(table, flush=True)
+    return summary
+
+
+def seed_rows(
+    horizon: int, metrics: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """One row per condition and seed of a horizon's run (`horizon.csv`).
+
+    From `summary` (`report.summarize` of the horizon): `final_success` (training
+    batches, last 10% of updates), held-out `eval_sampled_success` / `eval_greedy_success`
+    (last evaluation), `auc` (area under the training success curve over the horizon's
+    common budget of turns) and `turns_to_50/80`
+    (censored at that budget, `reached_50/80`). From the metric rows: `initial_success`
+    (the first batch, sampled from the starting policy), `env_turns` (experience), and the
+    first and last credit-accuracy measurements `credit_<m>_first` / `credit_<m>_last`.
+    """
+    by_run = defaultdict(list)
+    for row in metrics:
+        by_run[(str(row["condition"]), int(row["seed"]))].append(row)
+    out = []
+    for (condition, seed), run_rows in sorted(by_run.items()):
+        run_rows = sorted(run_rows, key=lambda r: r["update"])
+        reward, _, estimator = condition.partition("/")
+        row = dict(horizon=horizon, condition=condition, reward=reward, estimator=estimator)
+        row.update(seed=seed, updates=int(run_rows[-1]["update"]))
+        row["initial_success"] = float(run_rows[0]["success"])
+        row["env_turns"] = float(run_rows[-1]["env_turns_total"])
+        entry = summary["conditions"][condition]
+        index = entry["seeds"].index(seed)
+        # A list shorter than the seeds (e.g. evaluations a diverged seed missed) is unaligned.
+        aligned = {k: v for k, v in entry["per_seed"].items() if len(v) == len(entry["seeds"])}
+        per_seed = {k: v[index] for k, v in aligned.items()}
+        for key in ("final_success", "eval_sampled_success", "eval_greedy_success", "auc"):
+            row[key] = float(per_seed.get(key, np.nan))
+        for p in (50, 80):
+            row[f"turns_to_{p}"] = float(per_seed.get(f"turns_to_{p}", np.nan))
+            row[f"reached_{p}"] = float(per_seed.get(f"reached_{p}", np.nan))
+        for name in CREDIT_METRICS:
+            measured = [
+                float(r[f"credit_{name}"])
+                for r in run_rows
+                if np.isfinite(r.get(f"credit_{name}", np.nan))
+            ]
+            row[f"credit_{name}_first"] = measured[0] if measured else float("nan")
+            row[f"credit_{name}_last"] = measured[-1] if measured else float("nan")
+        out.append(row)
+    return out
+
+
+def summarize(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    reference: str,
+    takeoff: float = 0.5,
+    reps: int = 2000,
+) -> dict[str, Any]:
+    """Per horizon and condition, from `horizon.csv` rows; comparisons within each horizon.
+
+    `success` is the held-out sampled success when every seed was evaluated, else the
+    final training success (`settings.success` says which). Per cell: IQM and mean of
+    success and of `auc` with stratified bootstrap 95% CIs (rliable), the take-off rate
+    (success >= `takeoff`, Clopper-Pearson 95%), the mean initial success, and mean with
+    Student-t 95% CI of each last credit-accuracy score where measured. Per horizon:
+    Holm-corrected Mann-Whitney comparisons of success over every pair of conditions
+    (`stats.pairwise_comparisons`), and `gaps`: mean success of each condition minus that
+    of `reference` (e.g. the sparse outcome reward), with a 95% percentile bootstrap CI
+    over seeds (resampled independently per condition).
+    """
+    if not rows:
+        raise ValueError("summarize needs at least one row.")
+    evaluated = all(np.isfinite(float(r["eval_sampled_success"])) for r in rows)
+    key = "eval_sampled_success" if evaluated else "final_success"
+    cells = defaultdict(list)
+    for row in rows:
+        cells[(int(row["horizon"]), str(row["condition"]))].append(row)
+    horizons: dict[str, Any] = {}
+    for (horizon, condition), seeds in sorted(cells.items()):
+        success = [float(r[key]) for r in seeds]
+        entry = {
+            "num_seeds": len(seeds),
+            "success": stats.interval_estimates({condition: success}, reps=reps)[condition],
+            "auc": stats.interval_estimates(
+                {condition: [float(r["auc"]) for r in seeds]}, reps=reps
+            )[condition],
+            "takeoff": stats.takeoff_rate(success, takeoff),
+            "initial_success": float(np.mean([float(r["initial_success"]) for r in seeds])),
+            "per_seed": {"seed": [int(r["seed"]) for r in seeds], "success": success},
+        }
+        for name in CREDIT_METRICS:
+            values = [float(r[f"credit_{name}_last"]) for r in seeds]
+            values = [v for v in values if np.isfinite(v)]
+            if values:
+                entry[f"credit_{name}"] = stats.mean_ci(values)
+        horizons.setdefault(str(horizon), {"conditions": {}})["conditions"][condition] = entry
+    for cell in horizons.values():
+        scores = {name: e["per_seed"]["success"] for name, e in cell["conditions"].items()}
+        cell["comparisons"] = stats.pairwise_comparisons(scores) if len(scores) > 1 else []
+        cell["gaps"] = {
+            name: _gap(values, scores[reference], reps)
+            for name, values in scores.items()
+            if reference in scores and name != reference
+        }
+    settings = {"success": key, "takeoff_threshold": takeoff, "reference": reference}
+    return {"horizons": horizons, "settings": settings}
+
+
+def markdown(summary: Mapping[str, Any]) -> str:
+    """Tables with one row per condition and one column per horizon, then the gaps."""
+    settings = summary["settings"]
+    reference = settings["reference"]
+    horizons = sorted(summary["horizons"], key=int)
+    cells = [summary["horizons"][h]["conditions"] for h in horizons]
+    conditions = list(dict.fromkeys(c for cell in cells for c in cell))
+    what = settings["success"].replace("eval_sampled_success", "held-out sampled success")
+    what = what.replace("final_success", "final training success")
+    tables = [
+        (f"{what}: IQM [95% CI]", lambda e: _interval(e["success"]["iqm"])),
+        (
+            "sample efficiency (AUC of training success, the horizon's turn budget): IQM [95% CI]",
+            lambda e: _interval(e["auc"]["iqm"]),
+        ),
+        (f"take-off ({what} >= {settings['takeoff_threshold']:g}): k/n [95% CI]", _takeoff),
+        ("success of the starting policy (first training batch, mean)", _initial),
+    ]
+    if any("credit_spearman" in e for cell in cells for e in cell.values()):
+        tables.append(
+            ("credit accuracy at the last measurement (Spearman vs MC): mean ± 95% CI", _credit)
+        )
+    out = "# Long-horizon study: reward forms and estimators vs the shortest plan\n"
+    for title, show in tables:
+        out += f"\n### {title}\n\n| condition | " + " | ".join(f"h={h}" for h in horizons)
+        out += " |\n|---|" + "---|" * len(horizons) + "\n"
+        for condition in conditions:
+            shown = ["" if condition not in cell else show(cell[condition]) for cell in cells]
+            out += f"| {condition} | " + " | ".join(shown) + " |\n"
+    out += f"\n### gap to {reference}: difference of mean {what} [95% bootstrap CI]\n\n"
+    out += "| horizon | condition | gap | P(condition > reference) | p (Holm, per horizon) |\n"
+    out += "|---|---|---|---|---|\n"
+    for h in horizons:
+        cell = summary["horizons"][h]
+        for c in cell["comparisons"]:
+            if reference not in (c["x"], c["y"]):
+                continue
+            name = c["y"] if c["x"] == reference else c["x"]
+            prob = c["prob_improvement"] if c["x"] == name else 1.0 - c["prob_improvement"]
+            mark = " *" if c["significant"] else ""
+            gap = _interval(cell["gaps"][name])
+            out += f"| {h} | {name} | {gap} | {prob:.2f} | {c['p_holm']:.3g}{mark} |\n"
+    out += (
+        "\nIQM and mean with stratified bootstrap 95% CIs over seeds (rliable); take-off with "
+        "exact Clopper-Pearson CIs; comparisons: two-sided Mann-Whitney U, Holm-corrected over "
+        "the pairs of conditions of a horizon (* p < 0.05). Estimator conditions train "
+        "only at the estimator horizons.\n"
+    )
+    return out
+
+
+def plot(summary: Mapping[str, Any], path: str) -> None:
+    """Success and sample efficiency (and credit accuracy) vs horizon, one line per condition.
+
+    IQM with its bootstrap 95% CI band (credit: mean ± 95% CI); estimator-comparison
+    conditions are dashed.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    horizons = sorted(summary["horizons"], key=int)
+    cells = [summary["horizons"][h]["conditions"] for h in horizons]
+    conditions = list(dict.fromkeys(c for cell in cells for c in cell))
+    reference_estimator = summary["settings"]["reference"].partition("/")[2]
+    success = summary["settings"]["success"].replace("eval_", "held-out ").replace("_", " ")
+    panels = [
+        ("success", f"{success} (IQM, 95% CI)"),
+        ("auc", "AUC of training success (IQM, 95% CI)"),
+    ]
+    if any("credit_spearman" in e for cell in cells for e in cell.values()):
+        panels.append(("credit_spearman", "credit accuracy, last (Spearman, mean ± CI)"))
+    colors = {condition: f"C{i % 10}" for i, condition in enumerate(conditions)}
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        for condition in conditions:
+            points = [
+                (int(h), cell[condition][key])
+                for h, cell in zip(horizons, cells, strict=True)
+                if key in cell.get(condition, {})
+            ]
+            if not points:
+                continue
+            x = [h for h, _ in points]
+            if key == "credit_spearman":
+                y = np.array([p["mean"] for _, p in points])
+                low, high = y - [p["ci95"] for _, p in points], y + [p["ci95"] for _, p in points]
+            else:
+                y = [p["iqm"]["value"] for _, p in points]
+                low, high = (
+                    [p["iqm"]["low"] for _, p in points],
+                    [p["iqm"]["high"] for _, p in points],
+                )
+            style = "-" if condition.partition("/")[2] == reference_estimator else "--"
+            ax.plot(x, y, style, marker="o", label=condition, color=colors[condition])
+            ax.fill_between(x, low, high, alpha=0.15, color=colors[condition])
+        ax.set_xticks([int(h) for h in horizons])
+        ax.set_xlabel("shortest plan (turns)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _warm_start(config, first_run: Run, start: float):
+    """Each seed's warm-started parameters `[seeds]` and their config, or (None, None)."""
+    warm = WarmStartConfig(**dict(config.warm_start))
+    if not warm.steps:
+        return None, None
+    setup = experiment.build(first_run.config)
+    demos = [
+        ToolWorld(horizon_config(h))
+        for h in _ints(config.warm_start_horizons, "warm_start_horizons", "horizon")
+    ]
+    trainer = make_train(setup.train_config, setup.env, setup.policy_config, setup.rollout_config)
+    clone = make_warm_start(warm, demos, trainer.graphdef, setup.rollout_config)
+    keys = jax.numpy.stack(
+        [jax.random.PRNGKey(s) for s in range(config.first_seed, config.first_seed + config.seeds)]
+    )
+
+    def seed_start(key):
+        return clone(trainer.init(key).params, jax.random.fold_in(key, WARM_START_STREAM))
+
+    demos = config.warm_start_horizons
+    _log(start, f"warm start: {warm.steps} behaviour-cloning steps on horizons {demos}")
+    params, losses = jax.jit(jax.vmap(seed_start))(keys)
+    losses = np.asarray(losses)
+    nll = f"{losses[:, 0].mean():.3f} -> {losses[:, -1].mean():.3f}"
+    _log(start, f"warm start done: demonstration NLL {nll}")
+    return params, {**dataclasses.asdict(warm), "horizons": str(config.warm_start_horizons)}
+
+
+def _run(
+    config, env: Mapping[str, Any], spec: str, train_fields: Mapping[str, Any], rewards
+) -> Run:
+    run_config = ml_collections.ConfigDict(config.to_dict())
+    run_config.env = ml_collections.ConfigDict(dict(env))
+    for name, value in train_fields.items():
+        run_config.train[name] = value
+    run_config.conditions = ",".join(rewards)
+    return Run(spec.replace("@", "_lam"), tuple(f"{r}/{spec}" for r in rewards), run_config)
+
+
+def _env_section(horizon: int, slack: int) -> dict[str, Any]:
+    """ToolWorldConfig fields of a horizon (`horizon_config`, max_turns = h + slack)."""
+    try:
+        env = horizon_config(horizon, max_turns=horizon + slack)
+    except ValueError as error:
+        raise ValueError(f"config.horizons: {error}") from None
+    return dataclasses.asdict(env)
+
+
+def _ints(text, field: str, what: str) -> list[int]:
+    out = []
+    for name in names(text, field, what):
+        try:
+            out.append(int(name))
+        except ValueError:
+            raise ValueError(f"config.{field}: {name!r} is not an integer {what}.") from None
+    return out
+
+
+def _gap(values: Sequence[float], reference: Sequence[float], reps: int) -> dict[str, float]:
+    rng = np.random.default_rng(0)
+    x, y = np.asarray(values, np.float64), np.asarray(reference, np.float64)
+    boot = [rng.choice(x, x.size).mean() - rng.choice(y, y.size).mean() for _ in range(reps)]
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return {"value": float(x.mean() - y.mean()), "low": float(low), "high": float(high)}
+
+
+def _takeoff(entry: Mapping[str, Any]) -> str:
+    t = entry["takeoff"]
+    return f"{t['k']}/{t['n']} [{t['low']:.2f}, {t['high']:.2f}]"
+
+
+def _initial(entry: Mapping[str, Any]) -> str:
+    return f"{entry['initial_success']:.3f}"
+
+
+def _credit(entry: Mapping[str, Any]) -> str:
+    if "credit_spearman" not in entry:
+        return "n/a"
+    return f"{entry['credit_spearman']['mean']:.2f} ± {entry['credit_spearman']['ci95']:.2f}"
+
+
+def _interval(estimate: Mapping[str, float]) -> str:
+    return f"{estimate['value']:.3f} [{estimate['low']:.3f}, {estimate['high']:.3f}]"
+
+
+def _log(start: float, message: str) -> None:
+    print(f"[horizon_sweep {time.time() - start:6.0f}s] {message}", flush=True)

@@ -1,0 +1,186 @@
+"""The long-horizon study: config checks, summary math, warm start, a tiny sweep end to end."""
+
+import csv
+import json
+import math
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from experiments.configs import horizon_sweep as default_config
+from experiments.configs import horizon_sweep_accel
+from rlagent.envs import ToolWorld
+from rlagent.envs import horizon_config
+from rlagent.rollout import RolloutConfig
+from rlagent.train import horizon_sweep
+from rlagent.train import loop
+from rlagent.train.config import TrainConfig
+from rlagent.train.ppo import make_train
+from rlagent.train.warm_start import WarmStartConfig
+from rlagent.train.warm_start import make_oracle_log_likelihood
+from rlagent.train.warm_start import make_warm_start
+
+
+def _tiny_config():
+    config = default_config.get_config()
+    config.horizons = "2,3"
+    config.estimators = ""
+    config.seeds = 1
+    config.chunk_size = 2
+    config.warm_start.steps = 0
+    config.train.num_updates = 2
+    config.train.num_groups = 2
+    config.train.group_size = 2
+    config.train.num_minibatches = 1
+    config.train.num_epochs = 1
+    config.train.eval_every = 0  # two compiles fewer; summarize's held-out path is tested above
+    config.train.credit_every = 0
+    return config
+
+
+def test_default_plan_compares_rewards_everywhere_and_estimators_at_two_horizons():
+    plans = horizon_sweep.plan(default_config.get_config())
+    assert [h for h, _ in plans] == [3, 5, 8, 12, 16]
+    by_horizon = dict(plans)
+    assert [r.name for r in by_horizon[3]] == ["gae_turn"]
+    assert by_horizon[3][0].conditions == (
+        "outcome/gae_turn",
+        "process/gae_turn",
+        "potential/gae_turn",
+    )
+    assert len(by_horizon[16]) == 1
+    env = by_horizon[16][0].config.env
+    assert env.max_turns == 16 + 2 and env.num_intents == 5 and env.num_distractors == 0
+    runs = by_horizon[12]
+    assert [r.name for r in runs] == [
+        "gae_turn",
+        "gae_token_lam0.9",
+        "grpo",
+        "gigpo",
+        "hierarchical",
+    ]
+    assert runs[1].conditions == ("process/gae_token@0.9",)
+    assert runs[1].config.train.estimator == "gae_token" and runs[1].config.train.lam == 0.9
+    accel = horizon_sweep.plan(horizon_sweep_accel.get_config())
+    assert [h for h, _ in accel][-1] == 25 and all(len(runs) == 5 for _, runs in accel)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("horizons", "3,x", "config.horizons: 'x' is not an integer"),
+        ("horizons", " , ", "config.horizons names no horizon"),
+        ("horizons", "1,3", "config.horizons: shortest_plan must be >= 2"),
+        ("conditions", "outcome,dense", "config.conditions: unknown reward form 'dense'"),
+        ("estimators", "grpo,nope", "config.estimators: 'nope'"),
+        ("estimator_horizons", "8,9", r"config.estimator_horizons \[9\]"),
+        ("estimator_reward", "composed", "config.estimator_reward 'composed'"),
+        ("slack", -1, "config.slack must be >= 0"),
+        ("warm_start_horizons", "", "config.warm_start_horizons names no horizon"),
+    ],
+)
+def test_config_errors_name_the_field(field, value, message):
+    config = default_config.get_config()
+    config[field] = value
+    with pytest.raises(ValueError, match=message):
+        horizon_sweep.plan(config)
+
+
+def _row(horizon, condition, seed, success, **extra):
+    row = dict(horizon=horizon, condition=condition, seed=seed, initial_success=0.1 * seed)
+    row.update(final_success=0.0, eval_sampled_success=success, auc=success / 2)
+    for name in horizon_sweep.CREDIT_METRICS:
+        row[f"credit_{name}_last"] = extra.get(name, float("nan"))
+    return row
+
+
+def test_summary_math_on_synthetic_rows(tmp_path):
+    sparse, dense = [0.0, 0.0, 0.2, 1.0], [1.0, 1.0, 0.8, 0.6]
+    rows = [_row(4, "outcome/gae_turn", s, v, spearman=0.1 * s) for s, v in enumerate(sparse)]
+    rows += [_row(4, "process/gae_turn", s, v) for s, v in enumerate(dense)]
+    rows += [_row(7, "outcome/gae_turn", s, 0.0) for s in range(4)]
+    rows += [_row(7, "process/gae_turn", s, 0.0) for s in range(4)]
+    summary = horizon_sweep.summarize(rows, reference="outcome/gae_turn", reps=200)
+    assert summary["settings"]["success"] == "eval_sampled_success"
+    cell = summary["horizons"]["4"]
+    outcome, process = (
+        cell["conditions"]["outcome/gae_turn"],
+        cell["conditions"]["process/gae_turn"],
+    )
+    assert outcome["success"]["mean"]["value"] == pytest.approx(0.3)
+    assert outcome["success"]["iqm"]["value"] == pytest.approx(0.1)  # middle two of 0,0,.2,1
+    assert process["auc"]["mean"]["value"] == pytest.approx(0.425)
+    assert (outcome["takeoff"]["k"], process["takeoff"]["k"]) == (1, 4)
+    assert outcome["initial_success"] == pytest.approx(0.15)
+    assert outcome["credit_spearman"]["mean"] == pytest.approx(0.15)
+    assert "credit_spearman" not in process
+    gap = cell["gaps"]["process/gae_turn"]
+    assert gap["value"] == pytest.approx(0.55) and gap["low"] <= 0.55 <= gap["high"]
+    assert [(c["x"], c["y"]) for c in cell["comparisons"]] == [
+        ("outcome/gae_turn", "process/gae_turn")
+    ]
+    flat = summary["horizons"]["7"]["gaps"]["process/gae_turn"]
+    assert flat == {"value": 0.0, "low": 0.0, "high": 0.0}
+    table = horizon_sweep.markdown(summary)
+    assert "| process/gae_turn | 0.900 [" in table and "h=7" in table
+    horizon_sweep.plot(summary, str(tmp_path / "horizon.png"))
+    assert os.path.getsize(tmp_path / "horizon.png") > 0
+    # Without held-out evaluation the final training success is the success.
+    for row in rows:
+        row["eval_sampled_success"] = float("nan")
+    fallback = horizon_sweep.summarize(rows, reference="outcome/gae_turn", reps=200)
+    assert fallback["settings"]["success"] == "final_success"
+
+
+def test_warm_start_raises_the_oracle_log_likelihood(tiny_policy_config):
+    env = ToolWorld(horizon_config(3))
+    rollout_config = RolloutConfig(window=1, constrained=True)
+    trainer = make_train(TrainConfig(), env, tiny_policy_config(), rollout_config)
+    params = trainer.init(jax.random.key(0)).params
+    clone = make_warm_start(
+        WarmStartConfig(steps=10, batch_size=4), [env], trainer.graphdef, rollout_config
+    )
+    cloned, losses = jax.jit(clone)(params, jax.random.key(1))
+    likelihood = jax.jit(
+        make_oracle_log_likelihood(env, trainer.graphdef, rollout_config), static_argnums=2
+    )
+    before = float(likelihood(params, jax.random.key(2), 8))
+    after = float(likelihood(cloned, jax.random.key(2), 8))
+    assert losses.shape == (10,) and float(losses[-1]) < float(losses[0])
+    assert after > before + 1.0
+    with pytest.raises(ValueError, match="steps"):
+        WarmStartConfig(steps=-1)
+
+
+def test_tiny_sweep_writes_every_file(tmp_path):
+    config = _tiny_config()
+    summary = horizon_sweep.run(config, str(tmp_path), progress=False)
+    for name in horizon_sweep.FILES:
+        assert os.path.getsize(tmp_path / name) > 0, name
+    for folder in ("h02", "h03"):
+        assert os.path.getsize(tmp_path / folder / "metrics.csv") > 0
+        assert os.path.getsize(tmp_path / folder / "summary.json") > 0
+    rows = list(csv.DictReader(open(tmp_path / "horizon.csv")))
+    assert len(rows) == 2 * 3  # horizons x conditions x 1 seed
+    assert {r["condition"] for r in rows} == {
+        "outcome/gae_turn",
+        "process/gae_turn",
+        "potential/gae_turn",
+    }
+    assert all(math.isnan(float(r["eval_sampled_success"])) for r in rows)
+    assert all(0.0 <= float(r["final_success"]) <= 1.0 for r in rows)
+    assert all(math.isnan(float(r["credit_spearman_last"])) for r in rows)
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved == json.loads(json.dumps(summary))
+    assert set(saved["horizons"]) == {"2", "3"}
+    assert saved["settings"]["success"] == "final_success"
+    assert json.loads((tmp_path / "provenance.json").read_text())["horizons"] == [2, 3]
+    assert loop._chunk.cache_info().currsize == 0  # each horizon's programs were dropped
+    with pytest.raises(loop.RunError, match="not empty"):
+        horizon_sweep.run(config, str(tmp_path), progress=False)
+    config.seeds = 2
+    with pytest.raises(loop.RunError, match="different config"):
+        horizon_sweep.run(config, str(tmp_path), resume=True, progress=False)
+    np.testing.assert_equal(len(os.listdir(tmp_path)), len(horizon_sweep.FILES) + 2)
