@@ -62,7 +62,7 @@ def test_prm_runs_group_conditions_by_prm_kind():
     assert config.train.get("prm", "none") == "none"  # the experiment config is not changed.
     # The default config's conditions parse: one run per PRM kind and noise level.
     default = experiment.prm_runs(process_rewards.get_config())
-    assert len(default) == 1 + 2 + 3
+    assert len(default) == 1 + 3 + 3  # no PRM, three noise levels, three learned PRMs
     accel = process_rewards_accel.get_config()
     assert len(experiment.prm_runs(accel)) == 1 + 4 + 3
     for run in experiment.prm_runs(accel):
