@@ -64,7 +64,7 @@ def test_prm_runs_group_conditions_by_prm_kind():
     default = experiment.prm_runs(process_rewards.get_config())
     assert len(default) == 1 + 3 + 3  # no PRM, three noise levels, three learned PRMs
     accel = process_rewards_accel.get_config()
-    assert len(experiment.prm_runs(accel)) == 1 + 4 + 3
+    assert len(experiment.prm_runs(accel)) == 1 + 5 + 3
     for run in experiment.prm_runs(accel):
         experiment.build(run.config)  # every run's TrainConfig is valid
 
