@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from test_credit_lm import POLICY as CREDIT_LM_POLICY
 
 from rlagent.credit import lm
 from rlagent.credit import mc
@@ -18,9 +19,7 @@ from rlagent.credit.mc import MCValues
 from rlagent.credit.mc import TurnSignals
 from rlagent.envs import ToolWorld
 from rlagent.envs import ToolWorldConfig
-from rlagent.envs import dsl
 from rlagent.models import Policy
-from rlagent.models import PolicyConfig
 from rlagent.prm import PRMInputs
 from rlagent.prm import completion_labels
 from rlagent.prm import label_quality
@@ -156,16 +155,7 @@ def test_noisy_oracle_flips_labels_at_its_noise_rate():
 # The learned scorer inside and outside the trainer ----------------------------------------
 
 ENV = ToolWorld(ToolWorldConfig(level=1))
-POLICY = PolicyConfig(
-    vocab_size=dsl.VOCAB_SIZE,
-    d_model=16,
-    num_layers=1,
-    num_heads=2,
-    num_kv_heads=1,
-    mlp_dim=32,
-    summary_dim=16,
-    num_summary_slots=1,
-)
+POLICY = CREDIT_LM_POLICY  # the tiny LM of the credit tests (same shapes, same compiles)
 ROLLOUT = RolloutConfig(window=1, constrained=True)
 CONFIG = TrainConfig(
     num_updates=2,

@@ -58,6 +58,7 @@ from rlagent.train.config import TrainConfig
 from rlagent.train.experiment import names
 from rlagent.train.rewards import reward_weights
 from rlagent.train.rewards import turn_rewards
+from rlagent.train.stats import format_mean_ci
 from rlagent.train.writers import MetricWriter
 from rlagent.types import Trajectory
 
@@ -346,11 +347,12 @@ def markdown(summary: Mapping[str, Any], metric: str = "spearman") -> str:
             lines.append("| " + " | ".join(header) + " |")
             lines.append("|" + "---|" * len(header))
             for estimator, by_horizon in estimators.items():
-                cells = [estimator] + [_pm(by_horizon[h][metric]) for h in horizons]
+                cells = [estimator] + [format_mean_ci(by_horizon[h][metric]) for h in horizons]
                 lines.append("| " + " | ".join(cells) + " |")
-            context = ["behaviour success"] + [_pm(first[h]["success"]) for h in horizons]
+            context = ["behaviour success"]
+            context += [format_mean_ci(first[h]["success"]) for h in horizons]
             lines.append("| " + " | ".join(context) + " |")
-            turns = ["turns / episode"] + [_pm(first[h]["turns"]) for h in horizons]
+            turns = ["turns / episode"] + [format_mean_ci(first[h]["turns"]) for h in horizons]
             lines.append("| " + " | ".join(turns) + " |")
     return "\n".join(lines) + "\n"
 
@@ -403,10 +405,6 @@ def plot(rows: Sequence[Mapping[str, Any]], path: str, metric: str = "spearman")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def _pm(estimate) -> str:
-    return "n/a" if estimate is None else f"{estimate['mean']:.2f} ± {estimate['ci95']:.2f}"
 
 
 def _product(first, second):

@@ -36,6 +36,7 @@ from rlagent.train import experiment
 from rlagent.train import provenance
 from rlagent.train import report
 from rlagent.train import stats
+from rlagent.train.stats import format_mean_ci
 from rlagent.train.writers import MetricWriter
 
 # Per-seed means over the final updates, per learned condition (the hacking table).
@@ -208,7 +209,7 @@ def hacking_markdown(table: Mapping[str, Any]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for prm, entry in table.items():
         for form, metrics in entry["forms"].items():
-            cells = [prm, form] + [_pm(metrics[m]) for m in HACKING_METRICS]
+            cells = [prm, form] + [format_mean_ci(metrics[m], 3) for m in HACKING_METRICS]
             lines.append("| " + " | ".join(cells) + " |")
     lines.append(
         "\nSum form minus the other forms (paired over seeds, mean ± 95% CI); farming = more "
@@ -219,8 +220,8 @@ def hacking_markdown(table: Mapping[str, Any]) -> str:
     for prm, entry in table.items():
         for form, delta in entry["vs_sum"].items():
             lines.append(
-                f"| {prm} | {form} | {_pm(delta['success'])} | {_pm(delta['turns'])} | "
-                f"{_farming(delta)} |"
+                f"| {prm} | {form} | {format_mean_ci(delta['success'], 3)} | "
+                f"{format_mean_ci(delta['turns'], 3)} | {_farming(delta)} |"
             )
     lines.append(
         "\nFinal = mean over the last 10% of updates per seed; mean ± Student-t 95% CI over "
@@ -253,7 +254,3 @@ def _mean_ci(values: Sequence[float]) -> dict[str, float] | None:
     """`stats.mean_ci` of the finite values and their number `n`; None when there is none."""
     finite = [v for v in values if math.isfinite(v)]
     return {**stats.mean_ci(finite), "n": len(finite)} if finite else None
-
-
-def _pm(estimate) -> str:
-    return "n/a" if estimate is None else f"{estimate['mean']:.3f} ± {estimate['ci95']:.3f}"

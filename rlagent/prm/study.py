@@ -61,6 +61,7 @@ from rlagent.train import stats
 from rlagent.train.config import TrainConfig
 from rlagent.train.experiment import names
 from rlagent.train.rewards import reward_weights
+from rlagent.train.stats import format_mean_ci
 from rlagent.train.writers import MetricWriter
 from rlagent.types import Trajectory
 
@@ -352,7 +353,7 @@ def markdown(summary: Mapping[str, Any]) -> str:
         lines.append("|" + "---|" * len(header))
         for completer, by_n in completers.items():
             cells = [completer] + [
-                f"{_pm(by_n[n]['auroc'])} / {_pm(by_n[n]['accuracy'])} "
+                f"{format_mean_ci(by_n[n]['auroc'])} / {format_mean_ci(by_n[n]['accuracy'])} "
                 f"({by_n[n]['label_turns_per_turn']['mean']:.1f})"
                 for n in samples
             ]
@@ -403,7 +404,3 @@ def plot(rows: Sequence[Mapping[str, Any]], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def _pm(estimate) -> str:
-    return "n/a" if estimate is None else f"{estimate['mean']:.2f} ± {estimate['ci95']:.2f}"

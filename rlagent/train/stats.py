@@ -90,6 +90,13 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> dict[str, floa
     return {"mean": float(x.mean()), "std": std, "ci95": quantile * std / np.sqrt(x.size)}
 
 
+def format_mean_ci(estimate: dict[str, float] | None, digits: int = 2) -> str:
+    """`"mean ± ci95"` of a `mean_ci` result (`"n/a"` for None), for Markdown tables."""
+    if estimate is None:
+        return "n/a"
+    return f"{estimate['mean']:.{digits}f} ± {estimate['ci95']:.{digits}f}"
+
+
 def takeoff_rate(values: Sequence[float], threshold: float, confidence: float = 0.95):
     """Fraction of seeds with value >= threshold, with an exact Clopper-Pearson interval.
 
