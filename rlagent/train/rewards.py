@@ -125,27 +125,12 @@ def reward_components(
     turn_mask = trajectory.turn_mask
     valid = turn_mask.astype(jnp.float32)
     verdict = trajectory.verdict * valid
-    steps_done = jnp.cumsum(verdict > 0, axis=1) - (verdict > 0)
-    potential = POTENTIAL_SCALE * steps_done.astype(jnp.float32)
-    # A truncated row that the estimator bootstraps from V(s_S) ends in a non-terminal
-    # state whose potential is that of every step taken; otherwise the episode's end is
-    # terminal (Phi = 0) and the shaping telescopes to -Phi_0.
     truncated = turn_mask[:, -1] & ~trajectory.done[:, -1]
-    final_potential = None
-    if config.bootstrap_truncated:
-        steps_total = POTENTIAL_SCALE * jnp.sum(verdict > 0, axis=1).astype(jnp.float32)
-        final_potential = jnp.where(truncated, steps_total, 0.0)
     components = (
         trajectory.outcome,
         verdict,
         trajectory.efficiency,
-        prm_rewards(
-            potential,
-            turn_mask,
-            form="potential",
-            gamma=config.gamma,
-            final_potential=final_potential,
-        ),
+        _potential_shaping((verdict > 0).astype(jnp.float32), turn_mask, truncated, config),
         prm_rewards(verdict, turn_mask, form="min", temperature=config.prm_temperature),
         (trajectory.violations > 0).astype(jnp.float32),
     )
@@ -217,20 +202,27 @@ def _learned_components(
     chex.assert_equal_shape([prm_scores, turn_mask])
     scores = jnp.where(turn_mask, prm_scores, 0.0).astype(jnp.float32)
     signed = 2.0 * scores - 1.0  # P(good step) -> [-1, 1], the scale of the oracle verdict.
-    # Phi_s = scale * (scores of the turns before s); the same terminal convention as the
-    # oracle potential (a bootstrapped truncated row ends at the potential of every turn).
-    potential = POTENTIAL_SCALE * (jnp.cumsum(scores, axis=1) - scores)
-    final_potential = None
-    if config.bootstrap_truncated:
-        final_potential = jnp.where(truncated, POTENTIAL_SCALE * jnp.sum(scores, axis=1), 0.0)
     return (
         signed,
         prm_rewards(signed, turn_mask, form="min", temperature=config.prm_temperature),
-        prm_rewards(
-            potential,
-            turn_mask,
-            form="potential",
-            gamma=config.gamma,
-            final_potential=final_potential,
-        ),
+        _potential_shaping(scores, turn_mask, truncated, config),
+    )
+
+
+def _potential_shaping(
+    steps: jax.Array, turn_mask: jax.Array, truncated: jax.Array, config: TrainConfig
+) -> jax.Array:
+    """`[B, S]` shaping `gamma Phi_{s+1} - Phi_s` with `Phi_s = POTENTIAL_SCALE * sum_{t<s}
+    steps_t` (`steps [B, S]`: 1 per valid oracle step, or a PRM's scores; 0 off the mask).
+
+    A truncated row that the estimator bootstraps from V(s_S) ends in a non-terminal state
+    whose potential is that of every step taken; otherwise the episode's end is terminal
+    (Phi = 0) and the shaping telescopes to -Phi_0.
+    """
+    potential = POTENTIAL_SCALE * (jnp.cumsum(steps, axis=1) - steps)
+    final_potential = None
+    if config.bootstrap_truncated:
+        final_potential = jnp.where(truncated, POTENTIAL_SCALE * jnp.sum(steps, axis=1), 0.0)
+    return prm_rewards(
+        potential, turn_mask, form="potential", gamma=config.gamma, final_potential=final_potential
     )
