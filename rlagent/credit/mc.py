@@ -224,6 +224,20 @@ def rollout_env_policy(
     return EnvEpisodes(*jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), out))
 
 
+def sample_env_episodes(
+    env: ToolWorld, policy: EnvPolicy, key: jax.Array, num_episodes: int
+) -> EnvEpisodes:
+    """`num_episodes` fresh episodes of `policy` (`rollout_env_policy`), their reset and
+    policy keys split from `key`."""
+    env_key, policy_key = jax.random.split(key)
+    return rollout_env_policy(
+        env,
+        policy,
+        jax.random.split(env_key, num_episodes),
+        jax.random.split(policy_key, num_episodes),
+    )
+
+
 def play_env_policy(env: ToolWorld, policy: EnvPolicy) -> Play:
     """`play(states [M], keys [M]) -> TurnSignals [M, S]` for an environment-level policy.
 

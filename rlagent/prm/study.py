@@ -198,13 +198,7 @@ def _env_episodes(env: ToolWorld, name: str) -> Callable:
 
     @functools.partial(jax.jit, static_argnums=1)
     def episodes(key, num_episodes):
-        env_key, policy_key = jax.random.split(key)
-        played = mc.rollout_env_policy(
-            env,
-            policy,
-            jax.random.split(env_key, num_episodes),
-            jax.random.split(policy_key, num_episodes),
-        )
+        played = mc.sample_env_episodes(env, policy, key, num_episodes)
         return credit_study.env_trajectory(played), played.states
 
     return episodes

@@ -92,14 +92,7 @@ def make_oracle_log_likelihood(
     oracle = mc.oracle(env)
 
     def log_likelihood(params, key, num_episodes):
-        env_key, policy_key = jax.random.split(key)
-        episodes = mc.rollout_env_policy(
-            env,
-            oracle,
-            jax.random.split(env_key, num_episodes),
-            jax.random.split(policy_key, num_episodes),
-        )
-        trajectory = env_trajectory(episodes)
+        trajectory = env_trajectory(mc.sample_env_episodes(env, oracle, key, num_episodes))
         logp = score(params, trajectory)[0]
         mask = trajectory.loss_mask
         return jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1)
