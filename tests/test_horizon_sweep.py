@@ -26,6 +26,8 @@ from rlagent.train.warm_start import make_warm_start
 def _tiny_config():
     config = default_config.get_config()
     config.horizons = "3"  # one horizon: the multi-horizon summary is tested on rows above
+    # Two reward forms of one learned PRM: one compiled program.
+    config.conditions = "learned_sum/prm=implicit,learned_potential/prm=implicit"
     config.estimators = ""
     config.seeds = 1
     config.chunk_size = 2
@@ -44,27 +46,49 @@ def test_default_plan_compares_rewards_everywhere_and_estimators_at_two_horizons
     plans = horizon_sweep.plan(default_config.get_config())
     assert [h for h, _ in plans] == [3, 5, 8, 12, 16]
     by_horizon = dict(plans)
-    assert [r.name for r in by_horizon[3]] == ["gae_turn"]
+    assert [r.name for r in by_horizon[3]] == ["gae_turn", "gae_turn_prm_implicit"]
     assert by_horizon[3][0].conditions == (
         "outcome/gae_turn",
         "process/gae_turn",
         "potential/gae_turn",
     )
-    assert len(by_horizon[16]) == 1
+    learned = by_horizon[3][1]
+    assert learned.conditions == ("learned_potential/prm=implicit/gae_turn",)
+    assert (learned.config.train.prm, learned.config.train.credit_every) == ("implicit", 0)
+    assert by_horizon[3][0].config.train.credit_every == 30
+    assert len(by_horizon[16]) == 2
     env = by_horizon[16][0].config.env
     assert env.max_turns == 16 + 2 and env.num_intents == 5 and env.num_distractors == 0
     runs = by_horizon[12]
     assert [r.name for r in runs] == [
         "gae_turn",
+        "gae_turn_prm_implicit",
         "gae_token_lam0.9",
         "grpo",
         "gigpo",
         "hierarchical",
     ]
-    assert runs[1].conditions == ("process/gae_token@0.9",)
-    assert runs[1].config.train.estimator == "gae_token" and runs[1].config.train.lam == 0.9
+    assert runs[2].conditions == ("process/gae_token@0.9",)
+    assert runs[2].config.train.estimator == "gae_token" and runs[2].config.train.lam == 0.9
+    assert runs[2].config.train.prm == "none"
     accel = horizon_sweep.plan(horizon_sweep_accel.get_config())
-    assert [h for h, _ in accel][-1] == 25 and all(len(runs) == 5 for _, runs in accel)
+    assert [h for h, _ in accel][-1] == 25 and all(len(runs) == 6 for _, runs in accel)
+
+
+def test_estimators_can_compare_under_a_learned_reward():
+    config = default_config.get_config()
+    config.conditions = "outcome,learned_sum/prm=noisy_oracle@0.1,learned_min/prm=noisy_oracle@0.1"
+    config.estimator_reward = "learned_min/prm=noisy_oracle@0.1"
+    runs = dict(horizon_sweep.plan(config))[8]
+    assert [r.name for r in runs[:2]] == ["gae_turn", "gae_turn_prm_noisy_oracle_0.1"]
+    assert runs[1].conditions == (
+        "learned_sum/prm=noisy_oracle@0.1/gae_turn",
+        "learned_min/prm=noisy_oracle@0.1/gae_turn",
+    )
+    grpo = runs[3]
+    assert grpo.conditions == ("learned_min/prm=noisy_oracle@0.1/grpo",)
+    assert (grpo.config.train.prm, grpo.config.train.prm_noise) == ("noisy_oracle", 0.1)
+    assert grpo.config.train.estimator == "grpo" and grpo.config.train.credit_every == 0
 
 
 @pytest.mark.parametrize(
@@ -74,6 +98,7 @@ def test_default_plan_compares_rewards_everywhere_and_estimators_at_two_horizons
         ("horizons", " , ", "config.horizons names no horizon"),
         ("horizons", "1,3", "config.horizons: shortest_plan must be >= 2"),
         ("conditions", "outcome,dense", "config.conditions: unknown reward form 'dense'"),
+        ("conditions", "learned_min", "config.conditions: 'learned_min' reads a PRM"),
         ("estimators", "grpo,nope", "config.estimators: 'nope'"),
         ("estimator_horizons", "8,9", r"config.estimator_horizons \[9\]"),
         ("estimator_reward", "composed", "config.estimator_reward 'composed'"),
@@ -86,6 +111,14 @@ def test_config_errors_name_the_field(field, value, message):
     config[field] = value
     with pytest.raises(ValueError, match=message):
         horizon_sweep.plan(config)
+
+
+def test_warm_start_demonstrations_per_horizon():
+    config = default_config.get_config()
+    assert config.warm_start_horizons == horizon_sweep.SAME_HORIZON
+    assert horizon_sweep._demo_horizons(config, 12) == [12]
+    config.warm_start_horizons = "3,5,7"  # shared by every horizon
+    assert horizon_sweep._demo_horizons(config, 12) == [3, 5, 7]
 
 
 def _row(horizon, condition, seed, success, **extra):
@@ -114,6 +147,7 @@ def test_summary_math_on_synthetic_rows(tmp_path):
     assert process["auc"]["mean"]["value"] == pytest.approx(0.425)
     assert (outcome["takeoff"]["k"], process["takeoff"]["k"]) == (1, 4)
     assert outcome["initial_success"] == pytest.approx(0.15)
+    assert outcome["gain"]["mean"]["value"] == pytest.approx(0.15)  # 0, -.1, 0, .7
     assert outcome["credit_spearman"]["mean"] == pytest.approx(0.15)
     assert "credit_spearman" not in process
     gap = cell["gaps"]["process/gae_turn"]
@@ -125,6 +159,7 @@ def test_summary_math_on_synthetic_rows(tmp_path):
     assert flat == {"value": 0.0, "low": 0.0, "high": 0.0}
     table = horizon_sweep.markdown(summary)
     assert "| process/gae_turn | 0.900 [" in table and "h=7" in table
+    assert "### gain over the starting policy" in table
     horizon_sweep.plot(summary, str(tmp_path / "horizon.png"))
     assert os.path.getsize(tmp_path / "horizon.png") > 0
     # Without held-out evaluation the final training success is the success.
@@ -163,11 +198,10 @@ def test_tiny_sweep_writes_every_file(tmp_path):
         assert os.path.getsize(tmp_path / folder / "metrics.csv") > 0
         assert os.path.getsize(tmp_path / folder / "summary.json") > 0
     rows = list(csv.DictReader(open(tmp_path / "horizon.csv")))
-    assert len(rows) == 3  # conditions x 1 seed
-    assert {r["condition"] for r in rows} == {
-        "outcome/gae_turn",
-        "process/gae_turn",
-        "potential/gae_turn",
+    assert len(rows) == 2  # conditions x 1 seed
+    assert {(r["condition"], r["reward"], r["estimator"]) for r in rows} == {
+        ("learned_sum/prm=implicit/gae_turn", "learned_sum/prm=implicit", "gae_turn"),
+        ("learned_potential/prm=implicit/gae_turn", "learned_potential/prm=implicit", "gae_turn"),
     }
     assert all(math.isnan(float(r["eval_sampled_success"])) for r in rows)
     assert all(0.0 <= float(r["final_success"]) <= 1.0 for r in rows)

@@ -35,8 +35,10 @@ def get_config() -> ml_collections.ConfigDict:
     # Shortest plans in turns (rlagent.envs.horizon_config: level-4 exchanges, distractors).
     config.horizons = "3,5,8,12,16"
     config.slack = 2  # turns allowed beyond the shortest plan: max_turns = h + slack.
-    # Reward forms (rlagent.train.config.REWARDS), each with train.estimator at every horizon.
-    config.conditions = "outcome,process,potential"
+    # Conditions, each with train.estimator at every horizon: reward forms
+    # (rlagent.train.config.REWARDS), or a learned form with its process reward model
+    # (`form/prm=<kind>`, rlagent.prm.PRMS; one compiled program per PRM kind).
+    config.conditions = "outcome,process,potential,learned_potential/prm=implicit"
     # Estimator comparison: estimator_reward with each of these (`name@lam` sets GAE's
     # lambda) at estimator_horizons, against its train.estimator run ('' = none).
     config.estimators = "gae_token@0.9,grpo,gigpo,hierarchical"
@@ -45,10 +47,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.seeds = 5  # per condition and horizon, trained in parallel under vmap.
     config.first_seed = 0
     config.chunk_size = 10  # updates per jitted call between metric writes / checkpoints.
-    # Warm start (rlagent.train.warm_start): behaviour cloning of oracle episodes of the
-    # tasks of warm_start_horizons, per seed, shared by every horizon and condition.
+    # Warm start (rlagent.train.warm_start): behaviour cloning of oracle episodes, per seed,
+    # shared by every condition of a horizon. warm_start_horizons: 'same' (each horizon
+    # clones its own tasks) or fixed horizons shared by the sweep (e.g. '3,5,7').
     config.warm_start = section(WarmStartConfig, steps=200, batch_size=16)
-    config.warm_start_horizons = "3,5,7"
+    config.warm_start_horizons = "same"
     config.model = main.model  # the main experiment's tiny Llama (PolicyConfig fields).
     config.rollout = main.rollout
     config.train = main.train  # TrainConfig fields.

@@ -27,6 +27,8 @@ from rlagent.rollout import RolloutConfig
 from rlagent.train import loop
 from rlagent.train import provenance
 from rlagent.train import report
+from rlagent.train.config import LEARNED_REWARDS
+from rlagent.train.config import REWARDS
 from rlagent.train.config import TrainConfig
 from rlagent.train.writers import MetricWriter
 
@@ -83,46 +85,70 @@ def guardrail_runs(config: ml_collections.ConfigDict) -> list[Run]:
     return runs
 
 
-def prm_runs(config: ml_collections.ConfigDict) -> list[Run]:
-    """Runs of `config.conditions`, one per process reward model: `form` (no PRM),
-    `form/prm=<kind>` or `form/prm=noisy_oracle@<eps>` (flip probability eps).
+class PRMGroup(NamedTuple):
+    """Conditions that share one process reward model (and so one compiled program)."""
 
-    The reward forms of one PRM kind (and noise) differ only in their weights and share
-    one compiled program; each PRM kind is a run `prm_<kind>[_<eps>]` whose config sets
-    `train.prm` (and `train.prm_noise`). Labels are the condition names as given.
+    kind: str  # rlagent.prm.PRMS ('none': no PRM).
+    noise: float  # flip probability of the noisy oracle (0 otherwise).
+    labels: tuple[str, ...]  # the conditions as given: `form` or `form/prm=<kind>[@<eps>]`.
+
+    @property
+    def name(self) -> str:
+        """`prm_<kind>[_<eps>]` (`prm_none` without a PRM)."""
+        return f"prm_{self.kind}" + (f"_{self.noise:g}" if self.noise else "")
+
+    def train_fields(self) -> dict[str, Any]:
+        """The `train` fields that select this group's PRM."""
+        return {"prm": self.kind, "prm_noise": self.noise}
+
+
+def prm_groups(text: str, field: str = "conditions") -> list[PRMGroup]:
+    """Groups the comma-separated conditions of `config.<field>` by process reward model.
+
+    A condition is `form` (a reward form of `rlagent.train.config.REWARDS`, no PRM),
+    `form/prm=<kind>` or `form/prm=noisy_oracle@<eps>` (flip probability eps). The reward
+    forms of one PRM kind (and noise) differ only in their weights and share a program.
     """
     grouped: dict[tuple[str, float], list[str]] = {}
-    for label in names(config.conditions):
+    for label in names(text, field):
         form, _, spec = label.partition("/")
+        if form not in REWARDS:
+            raise ValueError(f"config.{field}: unknown reward form {form!r}; known: {REWARDS}.")
         kind, noise = "none", 0.0
         if spec:
             key, _, value = spec.partition("=")
             kind, _, eps = value.partition("@")
             if key != "prm" or not kind:
                 raise ValueError(
-                    f"config.conditions: {label!r} must be 'form', 'form/prm=<kind>' or "
+                    f"config.{field}: {label!r} must be 'form', 'form/prm=<kind>' or "
                     "'form/prm=noisy_oracle@<eps>'."
                 )
             if eps and kind != "noisy_oracle":
-                raise ValueError(f"config.conditions: {label!r}: only noisy_oracle takes @<eps>.")
+                raise ValueError(f"config.{field}: {label!r}: only noisy_oracle takes @<eps>.")
             try:
                 noise = float(eps or 0.0)
             except ValueError:
-                message = f"config.conditions: {label!r}: eps {eps!r} is no number."
+                message = f"config.{field}: {label!r}: eps {eps!r} is no number."
                 raise ValueError(message) from None
-        if form.startswith("learned_") and kind == "none":
+        if form in LEARNED_REWARDS and kind == "none":
             raise ValueError(
-                f"config.conditions: {label!r} reads a PRM's scores; name one as "
-                f"'{form}/prm=<kind>'."
+                f"config.{field}: {label!r} reads a PRM's scores; name one as '{form}/prm=<kind>'."
             )
         grouped.setdefault((kind, noise), []).append(label)
+    return [PRMGroup(kind, noise, tuple(labels)) for (kind, noise), labels in grouped.items()]
+
+
+def prm_runs(config: ml_collections.ConfigDict) -> list[Run]:
+    """Runs of `config.conditions` (see `prm_groups`), one per process reward model.
+
+    Each PRM kind is a run `prm_<kind>[_<eps>]` whose config sets `train.prm` (and
+    `train.prm_noise`). Labels are the condition names as given.
+    """
     runs = []
-    for (kind, noise), labels in grouped.items():
+    for group in prm_groups(config.conditions):
         run_config = ml_collections.ConfigDict(config.to_dict())
-        run_config.train.prm = kind
-        run_config.train.prm_noise = noise
-        name = "prm_none" if kind == "none" else f"prm_{kind}" + (f"_{noise:g}" if noise else "")
-        runs.append(Run(name, tuple(labels), run_config))
+        run_config.train.update(group.train_fields())
+        runs.append(Run(group.name, group.labels, run_config))
     return runs
 
 

@@ -4,11 +4,15 @@ For every shortest-plan horizon h of `config.horizons` (`envs.horizon_config`: l
 exchanges and distractors, `config.slack` turns to spare), the reward forms of
 `config.conditions` train with `config.train.estimator`; at the horizons of
 `config.estimator_horizons`, `config.estimator_reward` also trains with every estimator
-of `config.estimators` (one compiled program per estimator, reward forms being data).
-Condition labels are `reward/estimator`. Every condition and horizon starts from the same
-policy per seed: fresh, or warm-started by behaviour cloning of oracle demonstrations on
-the tasks of `config.warm_start_horizons` (`rlagent.train.warm_start`) when
-`config.warm_start.steps > 0`.
+of `config.estimators` (one compiled program per estimator and process reward model,
+reward forms being data). Conditions are reward forms, or learned reward forms with their
+PRM (`form/prm=<kind>`, `experiment.prm_groups`); labels are `condition/estimator`.
+Every condition of a horizon starts from the same policy per seed: fresh, or
+warm-started by behaviour cloning of oracle demonstrations (`rlagent.train.warm_start`,
+when `config.warm_start.steps > 0`) of the tasks of `config.warm_start_horizons`: fixed
+horizons shared by the whole sweep (e.g. short ones: the distance from the
+demonstrations then grows with the horizon), or `same` (each horizon clones its own
+tasks, so no horizon is further from its demonstrations than another).
 
 Each horizon is an `experiment.run_and_report` under `<workdir>/h<h>` (metrics.csv,
 curves, summaries, checkpoints); the sweep then writes `horizon.csv` (one row per
@@ -39,7 +43,6 @@ from rlagent.train import loop
 from rlagent.train import provenance
 from rlagent.train import report
 from rlagent.train import stats
-from rlagent.train.config import REWARDS
 from rlagent.train.config import TrainConfig
 from rlagent.train.experiment import Run
 from rlagent.train.experiment import names
@@ -53,6 +56,8 @@ FILES = ("horizon.csv", "horizon.png", "summary.md", "summary.json", provenance.
 CREDIT_METRICS = ("spearman", "sign_agreement", "auroc_verdict")
 # Folded into a seed's key for its warm start (the training keys stay as they are).
 WARM_START_STREAM = 0xB0C
+# `config.warm_start_horizons` value: every horizon clones demonstrations of its own tasks.
+SAME_HORIZON = "same"
 
 
 def plan(config: ml_collections.ConfigDict) -> list[tuple[int, list[Run]]]:
@@ -61,12 +66,8 @@ def plan(config: ml_collections.ConfigDict) -> list[tuple[int, list[Run]]]:
     if int(config.slack) < 0:
         raise ValueError(f"config.slack must be >= 0, got {config.slack}.")
     envs = {h: _env_section(h, int(config.slack)) for h in horizons}
-    rewards = names(config.conditions)
-    for reward in rewards:
-        if reward not in REWARDS:
-            raise ValueError(
-                f"config.conditions: unknown reward form {reward!r}; known: {REWARDS}."
-            )
+    groups = experiment.prm_groups(config.conditions)
+    rewards = [label for group in groups for label in group.labels]
     base = TrainConfig.from_mapping(config.train)
     estimators = names(config.estimators, "estimators", "estimator") if config.estimators else []
     specs = {}
@@ -87,16 +88,18 @@ def plan(config: ml_collections.ConfigDict) -> list[tuple[int, list[Run]]]:
                 f"config.conditions ({', '.join(rewards)}): its {base.estimator} run is the "
                 "baseline of the estimator comparison."
             )
+        (estimator_group,) = [g for g in groups if config.estimator_reward in g.labels]
     if int(config.warm_start.steps):
-        _ints(config.warm_start_horizons, "warm_start_horizons", "horizon")
+        _demo_horizons(config, horizons[0])
     plans = []
     for horizon in horizons:
         env = envs[horizon]
-        runs = [_run(config, env, base.estimator, {}, rewards)]
+        runs = [_run(config, env, base.estimator, group, group.labels) for group in groups]
         if horizon in estimator_horizons:
             for spec, est in specs.items():
                 fields = {"estimator": est.estimator, "lam": est.lam}
-                runs.append(_run(config, env, spec, fields, [config.estimator_reward]))
+                group = estimator_group
+                runs.append(_run(config, env, spec, group, [config.estimator_reward], fields))
         plans.append((horizon, runs))
     return plans
 
@@ -128,9 +131,13 @@ def run(
     start = time.time()
     record = provenance.collect(config.to_dict(), horizons=[h for h, _ in plans])
     provenance.write(workdir, record)
-    initial, initial_config = _warm_start(config, plans[0][1][0], start)
+    shared = str(config.warm_start_horizons).strip() != SAME_HORIZON
+    if shared:  # one warm start for every horizon
+        initial, initial_config = _warm_start(config, plans[0][1][0], plans[0][0], start)
     rows, diverged = [], []
     for horizon, runs in plans:
+        if not shared:
+            initial, initial_config = _warm_start(config, runs[0], horizon, start)
         _log(start, f"horizon {horizon}: {', '.join(r.name for r in runs)}")
         folder = os.path.join(workdir, f"h{horizon:02d}")
         try:
@@ -191,7 +198,7 @@ def seed_rows(
     out = []
     for (condition, seed), run_rows in sorted(by_run.items()):
         run_rows = sorted(run_rows, key=lambda r: r["update"])
-        reward, _, estimator = condition.partition("/")
+        reward, _, estimator = condition.rpartition("/")
         row = dict(horizon=horizon, condition=condition, reward=reward, estimator=estimator)
         row.update(seed=seed, updates=int(run_rows[-1]["update"]))
         row["initial_success"] = float(run_rows[0]["success"])
@@ -231,7 +238,10 @@ def summarize(
     final training success (`settings.success` says which). Per cell: IQM and mean of
     success and of `auc` with stratified bootstrap 95% CIs (rliable), the take-off rate
     (success >= `takeoff`, Clopper-Pearson 95%), the mean initial success, and mean with
-    Student-t 95% CI of each last credit-accuracy score where measured. Per horizon:
+    Student-t 95% CI of each last credit-accuracy score where measured, and `gain`: IQM
+    and mean (CIs as above) of success minus the seed's initial success, what training
+    added to the starting policy (which differs between horizons, e.g. after a warm start).
+    Per horizon:
     Holm-corrected Mann-Whitney comparisons of success over every pair of conditions
     (`stats.pairwise_comparisons`), and `gaps`: mean success of each condition minus that
     of `reference` (e.g. the sparse outcome reward), with a 95% percentile bootstrap CI
@@ -247,12 +257,14 @@ def summarize(
     horizons: dict[str, Any] = {}
     for (horizon, condition), seeds in sorted(cells.items()):
         success = [float(r[key]) for r in seeds]
+        gain = [s - float(r["initial_success"]) for s, r in zip(success, seeds, strict=True)]
         entry = {
             "num_seeds": len(seeds),
             "success": stats.interval_estimates({condition: success}, reps=reps)[condition],
             "auc": stats.interval_estimates(
                 {condition: [float(r["auc"]) for r in seeds]}, reps=reps
             )[condition],
+            "gain": stats.interval_estimates({condition: gain}, reps=reps)[condition],
             "takeoff": stats.takeoff_rate(success, takeoff),
             "initial_success": float(np.mean([float(r["initial_success"]) for r in seeds])),
             "per_seed": {"seed": [int(r["seed"]) for r in seeds], "success": success},
@@ -292,6 +304,10 @@ def markdown(summary: Mapping[str, Any]) -> str:
         ),
         (f"take-off ({what} >= {settings['takeoff_threshold']:g}): k/n [95% CI]", _takeoff),
         ("success of the starting policy (first training batch, mean)", _initial),
+        (
+            f"gain over the starting policy ({what} minus first-batch success): IQM [95% CI]",
+            lambda e: _interval(e["gain"]["iqm"]),
+        ),
     ]
     if any("credit_spearman" in e for cell in cells for e in cell.values()):
         tables.append(
@@ -340,11 +356,12 @@ def plot(summary: Mapping[str, Any], path: str) -> None:
     horizons = sorted(summary["horizons"], key=int)
     cells = [summary["horizons"][h]["conditions"] for h in horizons]
     conditions = list(dict.fromkeys(c for cell in cells for c in cell))
-    reference_estimator = summary["settings"]["reference"].partition("/")[2]
+    reference_estimator = summary["settings"]["reference"].rpartition("/")[2]
     success = summary["settings"]["success"].replace("eval_", "held-out ").replace("_", " ")
     panels = [
         ("success", f"{success} (IQM, 95% CI)"),
         ("auc", "AUC of training success (IQM, 95% CI)"),
+        ("gain", "gain over the starting policy (IQM, 95% CI)"),
     ]
     if any("credit_spearman" in e for cell in cells for e in cell.values()):
         panels.append(("credit_spearman", "credit accuracy, last (Spearman, mean ± CI)"))
@@ -369,7 +386,7 @@ def plot(summary: Mapping[str, Any], path: str) -> None:
                     [p["iqm"]["low"] for _, p in points],
                     [p["iqm"]["high"] for _, p in points],
                 )
-            style = "-" if condition.partition("/")[2] == reference_estimator else "--"
+            style = "-" if condition.rpartition("/")[2] == reference_estimator else "--"
             ax.plot(x, y, style, marker="o", label=condition, color=colors[condition])
             ax.fill_between(x, low, high, alpha=0.15, color=colors[condition])
         ax.set_xticks([int(h) for h in horizons])
@@ -382,16 +399,15 @@ def plot(summary: Mapping[str, Any], path: str) -> None:
     plt.close(fig)
 
 
-def _warm_start(config, first_run: Run, start: float):
-    """Each seed's warm-started parameters `[seeds]` and their config, or (None, None)."""
+def _warm_start(config, first_run: Run, horizon: int, start: float):
+    """Each seed's warm-started parameters `[seeds]` and their config, or (None, None),
+    for the runs of `horizon` (`first_run` is one of them: the policy it builds)."""
     warm = WarmStartConfig(**dict(config.warm_start))
     if not warm.steps:
         return None, None
     setup = experiment.build(first_run.config)
-    demos = [
-        ToolWorld(horizon_config(h))
-        for h in _ints(config.warm_start_horizons, "warm_start_horizons", "horizon")
-    ]
+    horizons = _demo_horizons(config, horizon)
+    demos = [ToolWorld(horizon_config(h)) for h in horizons]
     trainer = make_train(setup.train_config, setup.env, setup.policy_config, setup.rollout_config)
     clone = make_warm_start(warm, demos, trainer.graphdef, setup.rollout_config)
     keys = jax.numpy.stack(
@@ -401,24 +417,41 @@ def _warm_start(config, first_run: Run, start: float):
     def seed_start(key):
         return clone(trainer.init(key).params, jax.random.fold_in(key, WARM_START_STREAM))
 
-    demos = config.warm_start_horizons
-    _log(start, f"warm start: {warm.steps} behaviour-cloning steps on horizons {demos}")
+    shown = ",".join(map(str, horizons))
+    _log(start, f"warm start: {warm.steps} behaviour-cloning steps on horizons {shown}")
     params, losses = jax.jit(jax.vmap(seed_start))(keys)
     losses = np.asarray(losses)
     nll = f"{losses[:, 0].mean():.3f} -> {losses[:, -1].mean():.3f}"
     _log(start, f"warm start done: demonstration NLL {nll}")
-    return params, {**dataclasses.asdict(warm), "horizons": str(config.warm_start_horizons)}
+    return params, {**dataclasses.asdict(warm), "horizons": shown}
+
+
+def _demo_horizons(config, horizon: int) -> list[int]:
+    """The horizons whose oracle episodes warm-start the runs of `horizon`."""
+    if str(config.warm_start_horizons).strip() == SAME_HORIZON:
+        return [horizon]
+    return _ints(config.warm_start_horizons, "warm_start_horizons", "horizon")
 
 
 def _run(
-    config, env: Mapping[str, Any], spec: str, train_fields: Mapping[str, Any], rewards
+    config,
+    env: Mapping[str, Any],
+    spec: str,
+    group: experiment.PRMGroup,
+    labels: Sequence[str],
+    train_fields: Mapping[str, Any] | None = None,
 ) -> Run:
+    """The run of `labels` (conditions of PRM `group`) with estimator `spec` at `env`;
+    labels become `<condition>/<spec>`, the run's folder `<spec>[_<group.name>]`. Runs
+    with a PRM do not measure credit accuracy (`TrainConfig.credit_every` = 0)."""
     run_config = ml_collections.ConfigDict(config.to_dict())
     run_config.env = ml_collections.ConfigDict(dict(env))
-    for name, value in train_fields.items():
-        run_config.train[name] = value
-    run_config.conditions = ",".join(rewards)
-    return Run(spec.replace("@", "_lam"), tuple(f"{r}/{spec}" for r in rewards), run_config)
+    run_config.train.update({**group.train_fields(), **(train_fields or {})})
+    if group.kind != "none":  # the credit probe does not score a PRM's rewards
+        run_config.train.credit_every = 0
+    run_config.conditions = ",".join(labels)
+    name = spec.replace("@", "_lam") + ("" if group.kind == "none" else f"_{group.name}")
+    return Run(name, tuple(f"{label}/{spec}" for label in labels), run_config)
 
 
 def _env_section(horizon: int, slack: int) -> dict[str, Any]:
