@@ -1,6 +1,7 @@
 """Trainer pieces that need no model: config validation, rewards, estimators, reports."""
 
 import json
+import math
 
 import jax
 import jax.numpy as jnp
@@ -460,6 +461,12 @@ def test_metric_writer_csv_tensorboard_and_truncate(tmp_path):
     writer.close()
     events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
+    # Rows of runs that log different metrics: a metric a row lacks reads back as NaN.
+    mixed = MetricWriter(str(tmp_path), tensorboard=False, filename="mixed.csv")
+    mixed.write([{"update": 1, "credit_spearman": 0.5}, {"update": 1, "prm_auroc": 0.7}])
+    first, second = mixed.read()
+    assert first["credit_spearman"] == 0.5 and math.isnan(first["prm_auroc"])
+    assert math.isnan(second["credit_spearman"]) and second["prm_auroc"] == 0.7
 
 
 @pytest.mark.parametrize("agg", AGG_MODES)

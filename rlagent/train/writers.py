@@ -86,6 +86,8 @@ def _write_csv(f: TextIO, rows: list[Mapping[str, float]], *, header: bool) -> N
 
 
 def _number(text: str) -> float | str:
+    if text == "":  # a metric this row lacks (rows of runs that log different metrics)
+        return float("nan")
     try:
         value = float(text)
     except ValueError:
