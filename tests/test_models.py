@@ -152,6 +152,41 @@ def test_live_row_sum_equals_the_masked_sum(model):
     )
 
 
+def test_live_row_sum_packs_members_of_a_vmap(model):
+    """Under vmap each member's chunks run with its own params, packed across members
+    (live counts 0, 2, 7 and 5 of 7 rows): sums and gradients of the masked sum, whichever
+    arguments are batched, and the same numbers unbatched."""
+    _, graphdef, params = model
+    members = jax.tree.map(
+        lambda p: p * (1.0 + 0.1 * jnp.arange(4.0).reshape(-1, *[1] * p.ndim)), params
+    )
+    x = jax.random.normal(jax.random.key(8), (4, 7, 5, CONFIG.d_model))
+    valid = jnp.ones(x.shape[1:3], bool).at[:, 2].set(False)
+    live = jnp.array([[0] * 7, [0, 1, 0, 0, 0, 1, 0], [1] * 7, [1, 1, 0, 1, 1, 0, 1]], bool)
+    read = np.array([3, 4])
+
+    def rows(params, x, valid):
+        hidden = nnx.merge(graphdef, params)(x, valid, read=read)[0]
+        return jnp.mean(jnp.cos(hidden), axis=(1, 2)), {"max": jnp.max(hidden, axis=(1, 2))}
+
+    def masked(params, x, valid, live):
+        value, stats = rows(params, x, valid)
+        return jnp.sum(jnp.where(live, value, 0.0)), {"max": jnp.sum(stats["max"] * live)}
+
+    def summed(params, x, valid, live):
+        return live_row_sum(rows, num_chunks=3)(params, x, valid, live)
+
+    want = jax.value_and_grad(masked, argnums=(0, 1), has_aux=True)
+    got = jax.value_and_grad(summed, argnums=(0, 1), has_aux=True)
+    for axes in [(0, 0, None, 0), (None, 0, None, 0), (0, None, None, 0)]:
+        args = (members if axes[0] == 0 else params, x if axes[1] == 0 else x[3], valid, live)
+        chex.assert_trees_all_close(
+            jax.jit(jax.vmap(got, axes))(*args), jax.jit(jax.vmap(want, axes))(*args), atol=1e-5
+        )
+    args = (jax.tree.map(lambda p: p[3], members), x[3], valid, live[3])
+    chex.assert_trees_all_close(got(*args), want(*args), atol=1e-5)
+
+
 @pytest.mark.parametrize("window", [None, 0, 1, 3, 9])
 def test_visible_observations_by_brute_force(window):
     observed = (np.random.RandomState(0).rand(2, 6, 5) < 0.3).astype(np.float32)
