@@ -4,7 +4,8 @@
 `rollout(params, env_keys, policy_keys) -> Trajectory` that plays B episodes of exactly
 S = env.max_turns turns: a `lax.scan` over turns whose body (`make_turn`) builds the
 policy's context, samples the L tokens of the turn with a KV cache (one prefill, then one
-cached pass per token), and steps the environment. Turns after an episode ended are played
+cached pass per token, stopping once every episode's turn has ended: the grammar ends
+every command before L), and steps the environment. Turns after an episode ended are played
 against the absorbing terminal state and masked out (`turn_mask`).
 
 Forking episodes: the scan carry is a public `RolloutCarry` (environment state, the
@@ -221,7 +222,7 @@ class SampledTurn(NamedTuple):
     action: jax.Array  # [B, L] int32 (PAD after END).
     live: jax.Array  # [B, L] bool: generated tokens (END included).
     logp: jax.Array  # [B, L] float32 behaviour log-probs, 0 where not live.
-    values: jax.Array  # [B, L] float32 shared-head values (0 with a separate critic).
+    values: jax.Array  # [B, L] float32 shared-head values, 0 where not live (or critic).
     sampling_mask: jax.Array | None  # [B, L, V] bool allowed tokens (constrained), else None.
     cache: KVCache  # the actor's cache with the turn written in.
 
@@ -803,7 +804,7 @@ def _sample_turn(
     config: RolloutConfig,
     allowed_fn: Callable[[Any, jax.Array, jax.Array], jax.Array],
 ) -> SampledTurn:
-    """Samples the L tokens of a turn, feeding each into the cache."""
+    """Samples the L tokens of a turn, feeding each into the cache, until all rows ended."""
     hidden, cache, start = inputs.prefill
     batch = hidden.shape[0]
     vocab = actor.config.vocab_size
@@ -817,15 +818,16 @@ def _sample_turn(
     # The Gumbel noise of the whole turn in one call: no PRNG work inside the token loop.
     noise = jax.vmap(lambda k: jax.random.gumbel(k, (turn_len, vocab), jnp.float32))(inputs.keys)
 
-    def token(carry, xs):
-        i, token_noise = xs
-        hidden, cache, prefix, done = carry
-        logits = actor.logits(hidden, inputs.visible)
+    def allowed_at(prefix, i):
         if config.constrained:
-            allowed = allowed_fn(inputs.env_state, prefix, i)
-        else:
-            allowed = jnp.ones((batch, vocab), bool)
-        allowed = _ban_pad(allowed)
+            return _ban_pad(allowed_fn(inputs.env_state, prefix, i))
+        return _ban_pad(jnp.ones((batch, vocab), bool))
+
+    def token(carry):
+        i, hidden, cache, prefix, done, out = carry
+        logits = actor.logits(hidden, inputs.visible)
+        allowed = allowed_at(prefix, i)
+        token_noise = jax.lax.dynamic_index_in_dim(noise, i, 1, keepdims=False)
         tok, logp = sample(token_noise, logits, mask=allowed_to_mask(allowed))
         live = ~done
         tok = jnp.where(live, tok, dsl.PAD)
@@ -834,19 +836,35 @@ def _sample_turn(
         hidden, cache = actor.lm(x, live[:, None], cache, start + i)
         prefix = prefix.at[:, i].set(tok)
         done = done | (tok == dsl.END)
-        out = (
-            tok,
-            live,
-            jnp.where(live, logp, 0.0),
-            value,
-            allowed if config.constrained else None,
-        )
-        return (hidden[:, 0], cache, prefix, done), out
+        new = (tok, live, jnp.where(live, logp, 0.0), jnp.where(live, value, 0.0))
+        new = new + (allowed if config.constrained else None,)
+        out = jax.tree.map(lambda buffer, x: buffer.at[:, i].set(x), out, new)
+        return i + 1, hidden[:, 0], cache, prefix, done, out
 
-    init = (hidden, cache, jnp.zeros((batch, turn_len), jnp.int32), jnp.zeros((batch,), bool))
-    steps = jnp.arange(turn_len, dtype=jnp.int32)
-    (_, cache, _, _), out = jax.lax.scan(token, init, (steps, jnp.swapaxes(noise, 0, 1)))
-    action, live, logp, values, allowed = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), out)
+    # The token loop stops once every row has ended its turn (under the grammar, by the
+    # longest command): later tokens are PAD, not live, with logp and value 0.
+    out = (
+        jnp.full((batch, turn_len), dsl.PAD, jnp.int32),
+        jnp.zeros((batch, turn_len), bool),
+        jnp.zeros((batch, turn_len), jnp.float32),
+        jnp.zeros((batch, turn_len), jnp.float32),
+        jnp.zeros((batch, turn_len, vocab), bool) if config.constrained else None,
+    )
+    init = (jnp.int32(0), hidden, cache, jnp.full((batch, turn_len), dsl.PAD, jnp.int32))
+    init = init + (jnp.zeros((batch,), bool), out)
+    ended, _, cache, prefix, _, out = jax.lax.while_loop(
+        lambda c: (c[0] < turn_len) & ~jnp.all(c[4]), token, init
+    )
+    action, live, logp, values, allowed = out
+    if not config.constrained:
+        return SampledTurn(action, live, logp, values, allowed, cache)
+
+    # The sampling masks of the positions not played, as the loop would have read them.
+    def rest(carry):
+        i, allowed = carry
+        return i + 1, allowed.at[:, i].set(allowed_at(prefix, i))
+
+    _, allowed = jax.lax.while_loop(lambda c: c[0] < turn_len, rest, (ended, allowed))
     return SampledTurn(action, live, logp, values, allowed, cache)
 
 

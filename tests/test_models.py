@@ -152,6 +152,38 @@ def test_live_row_sum_equals_the_masked_sum(model):
     )
 
 
+def test_live_row_sum_packs_members_of_a_vmap(model):
+    """Vmapped with batched params, the chunks of all members are packed into shared steps,
+    each run with its member's params (live counts 0, 2, 7 and 5 of 7 rows): sums and
+    gradients of the masked sum. (The test above covers unbatched params.)"""
+    _, graphdef, params = model
+    members = jax.tree.map(
+        lambda p: p * (1.0 + 0.1 * jnp.arange(4.0).reshape(-1, *[1] * p.ndim)), params
+    )
+    x = jax.random.normal(jax.random.key(8), (4, 7, 5, CONFIG.d_model))
+    valid = jnp.ones(x.shape[1:3], bool).at[:, 2].set(False)
+    live = jnp.array([[0] * 7, [0, 1, 0, 0, 0, 1, 0], [1] * 7, [1, 1, 0, 1, 1, 0, 1]], bool)
+    read = np.array([3, 4])
+
+    def rows(params, x, valid):
+        hidden = nnx.merge(graphdef, params)(x, valid, read=read)[0]
+        return jnp.mean(jnp.cos(hidden), axis=(1, 2)), {"max": jnp.max(hidden, axis=(1, 2))}
+
+    def masked(params, x, valid, live):
+        value, stats = rows(params, x, valid)
+        return jnp.sum(jnp.where(live, value, 0.0)), {"max": jnp.sum(stats["max"] * live)}
+
+    def summed(params, x, valid, live):
+        return live_row_sum(rows, num_chunks=3)(params, x, valid, live)
+
+    axes = (0, 0, None, 0)
+    want = jax.vmap(jax.value_and_grad(masked, argnums=(0, 1), has_aux=True), axes)
+    got = jax.vmap(jax.value_and_grad(summed, argnums=(0, 1), has_aux=True), axes)
+    chex.assert_trees_all_close(
+        jax.jit(got)(members, x, valid, live), jax.jit(want)(members, x, valid, live), atol=1e-5
+    )
+
+
 @pytest.mark.parametrize("window", [None, 0, 1, 3, 9])
 def test_visible_observations_by_brute_force(window):
     observed = (np.random.RandomState(0).rand(2, 6, 5) < 0.3).astype(np.float32)
