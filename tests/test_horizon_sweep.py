@@ -26,8 +26,8 @@ from rlagent.train.warm_start import make_warm_start
 def _tiny_config():
     config = default_config.get_config()
     config.horizons = "3"  # one horizon: the multi-horizon summary is tested on rows above
-    # Two reward forms of one learned PRM: one compiled program.
-    config.conditions = "learned_sum/prm=implicit,learned_potential/prm=implicit"
+    # Two reward forms of one PRM (the cheapest, a noisy oracle): one compiled program.
+    config.conditions = "learned_sum/prm=noisy_oracle@0.1,learned_potential/prm=noisy_oracle@0.1"
     config.estimators = ""
     config.seeds = 1
     config.chunk_size = 2
@@ -199,9 +199,9 @@ def test_tiny_sweep_writes_every_file(tmp_path):
         assert os.path.getsize(tmp_path / folder / "summary.json") > 0
     rows = list(csv.DictReader(open(tmp_path / "horizon.csv")))
     assert len(rows) == 2  # conditions x 1 seed
+    forms = ("learned_sum/prm=noisy_oracle@0.1", "learned_potential/prm=noisy_oracle@0.1")
     assert {(r["condition"], r["reward"], r["estimator"]) for r in rows} == {
-        ("learned_sum/prm=implicit/gae_turn", "learned_sum/prm=implicit", "gae_turn"),
-        ("learned_potential/prm=implicit/gae_turn", "learned_potential/prm=implicit", "gae_turn"),
+        (f"{form}/gae_turn", form, "gae_turn") for form in forms
     }
     assert all(math.isnan(float(r["eval_sampled_success"])) for r in rows)
     assert all(0.0 <= float(r["final_success"]) <= 1.0 for r in rows)
