@@ -17,34 +17,13 @@ diverges (after the report).
 
 from __future__ import annotations
 
-import os
-import sys
-
 from absl import app
 from absl import flags
-from absl import logging
-from ml_collections import config_flags
 
-from experiments.configs import horizon_sweep as default_config
-from rlagent.train import experiment
+from experiments import launch
 from rlagent.train import horizon_sweep
-from rlagent.train import loop
 
-try:
-    _CONFIG = config_flags.DEFINE_config_file(
-        "config", os.path.join(os.path.dirname(__file__), "configs", "horizon_sweep.py")
-    )
-except (AttributeError, KeyError) as error:  # a --config.x override names no field.
-    sys.exit(
-        f"error: {experiment.unknown_override(default_config.get_config(), sys.argv) or error}"
-    )
-_WORKDIR = flags.DEFINE_string("workdir", "runs/horizon_sweep", "Output folder.")
-_RESUME = flags.DEFINE_bool(
-    "resume", False, "Continue from the newest checkpoints (the config must match)."
-)
-_OVERWRITE = flags.DEFINE_bool(
-    "overwrite", False, "Replace the results in a non-empty --workdir (refused otherwise)."
-)
+_FLAGS = launch.define_flags("horizon_sweep")
 _REPORT_ONLY = flags.DEFINE_bool(
     "report_only",
     False,
@@ -54,16 +33,15 @@ _REPORT_ONLY = flags.DEFINE_bool(
 
 def main(argv):
     del argv
-    logging.set_verbosity(logging.WARNING)  # keep Orbax's per-checkpoint INFO lines out.
-    try:
-        if _REPORT_ONLY.value:
-            horizon_sweep.write_report(_WORKDIR.value, _CONFIG.value)
-            return
-        horizon_sweep.run(
-            _CONFIG.value, _WORKDIR.value, resume=_RESUME.value, overwrite=_OVERWRITE.value
+    config, workdir = _FLAGS.config.value, _FLAGS.workdir.value
+    if _REPORT_ONLY.value:
+        launch.run_reported(lambda: horizon_sweep.write_report(workdir, config))
+        return
+    launch.run_reported(
+        lambda: horizon_sweep.run(
+            config, workdir, resume=_FLAGS.resume.value, overwrite=_FLAGS.overwrite.value
         )
-    except (loop.RunError, ValueError) as error:  # refused, diverged or a bad config value.
-        sys.exit(f"error: {error}")
+    )
 
 
 if __name__ == "__main__":

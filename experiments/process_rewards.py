@@ -18,53 +18,32 @@ and a one-line error when refused or when training diverges.
 
 from __future__ import annotations
 
-import os
-import sys
-
 from absl import app
 from absl import flags
-from absl import logging
-from ml_collections import config_flags
 
-from experiments.configs import process_rewards as default_config
+from experiments import launch
 from rlagent import parallel
 from rlagent.prm import experiment as prm_experiment
-from rlagent.train import experiment
-from rlagent.train import loop
 
-try:
-    _CONFIG = config_flags.DEFINE_config_file(
-        "config", os.path.join(os.path.dirname(__file__), "configs", "process_rewards.py")
-    )
-except (AttributeError, KeyError) as error:  # a --config.x override names no field.
-    sys.exit(
-        f"error: {experiment.unknown_override(default_config.get_config(), sys.argv) or error}"
-    )
-_WORKDIR = flags.DEFINE_string("workdir", "runs/process_rewards", "Output folder.")
-_RESUME = flags.DEFINE_bool(
-    "resume", False, "Continue from the newest checkpoints (the config must match)."
-)
-_OVERWRITE = flags.DEFINE_bool(
-    "overwrite", False, "Replace the results in a non-empty --workdir (refused otherwise)."
-)
+_FLAGS = launch.define_flags("process_rewards")
 parallel.define_distributed_flags()
 
 
 def main(argv):
     del argv
-    logging.set_verbosity(logging.WARNING)  # keep Orbax's per-checkpoint INFO lines out.
     parallel.maybe_initialize_distributed()
+    launch.run_reported(run)
+
+
+def run() -> None:
     num_devices = flags.FLAGS.num_devices
-    try:
-        prm_experiment.run(
-            _CONFIG.value,
-            _WORKDIR.value,
-            resume=_RESUME.value,
-            overwrite=_OVERWRITE.value,
-            mesh=parallel.data_mesh(num_devices) if num_devices else None,
-        )
-    except (loop.RunError, ValueError) as error:  # refused, diverged or a bad config value.
-        sys.exit(f"error: {error}")
+    prm_experiment.run(
+        _FLAGS.config.value,
+        _FLAGS.workdir.value,
+        resume=_FLAGS.resume.value,
+        overwrite=_FLAGS.overwrite.value,
+        mesh=parallel.data_mesh(num_devices) if num_devices else None,
+    )
 
 
 if __name__ == "__main__":

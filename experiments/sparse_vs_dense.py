@@ -15,34 +15,14 @@ with status 1 and a one-line error when refused or when training diverges.
 
 from __future__ import annotations
 
-import os
-import sys
-
 from absl import app
 from absl import flags
-from absl import logging
-from ml_collections import config_flags
 
-from experiments.configs import sparse_vs_dense as default_config
+from experiments import launch
 from rlagent import parallel
 from rlagent.train import experiment
-from rlagent.train import loop
 
-try:
-    _CONFIG = config_flags.DEFINE_config_file(
-        "config", os.path.join(os.path.dirname(__file__), "configs", "sparse_vs_dense.py")
-    )
-except (AttributeError, KeyError) as error:  # a --config.x override names no field.
-    sys.exit(
-        f"error: {experiment.unknown_override(default_config.get_config(), sys.argv) or error}"
-    )
-_WORKDIR = flags.DEFINE_string("workdir", "runs/sparse_vs_dense", "Output folder.")
-_RESUME = flags.DEFINE_bool(
-    "resume", False, "Continue from the newest checkpoints (the config must match)."
-)
-_OVERWRITE = flags.DEFINE_bool(
-    "overwrite", False, "Replace the results in a non-empty --workdir (refused otherwise)."
-)
+_FLAGS = launch.define_flags("sparse_vs_dense")
 _GUARDRAIL_SWEEP = flags.DEFINE_bool(
     "guardrail_sweep",
     False,
@@ -54,11 +34,7 @@ parallel.define_distributed_flags()
 
 def main(argv):
     del argv
-    logging.set_verbosity(logging.WARNING)  # keep Orbax's per-checkpoint INFO lines out.
-    try:
-        run(_CONFIG.value)
-    except (loop.RunError, ValueError) as error:  # refused, diverged or a bad config value.
-        sys.exit(f"error: {error}")
+    launch.run_reported(lambda: run(_FLAGS.config.value))
 
 
 def run(config) -> None:
@@ -72,8 +48,8 @@ def run(config) -> None:
     num_devices = flags.FLAGS.num_devices
     mesh = parallel.data_mesh(num_devices) if num_devices else None
     experiment.run_and_report(
-        runs, config, workdir=_WORKDIR.value, resume=_RESUME.value,
-        overwrite=_OVERWRITE.value, title=title, mesh=mesh,
+        runs, config, workdir=_FLAGS.workdir.value, resume=_FLAGS.resume.value,
+        overwrite=_FLAGS.overwrite.value, title=title, mesh=mesh,
     )  # fmt: skip
 
 
