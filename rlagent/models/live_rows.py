@@ -83,9 +83,7 @@ def live_rows(
         _, grad_params, grad_x = jax.lax.while_loop(
             lambda c: c[0] < count, body, (jnp.int32(0), *zeros)
         )
-        inverse = jnp.argsort(order)
-        grad_x = jax.tree.map(lambda g: g[: live.shape[0]][inverse], grad_x)
-        return grad_params, grad_x, None, None
+        return grad_params, _unsort(grad_x, order), None, None
 
     @jax.custom_vjp
     def apply(params, x, aux, live):
@@ -148,9 +146,7 @@ def live_row_sum(
         _, value, stats, grad_params, grad_x = jax.lax.while_loop(
             lambda c: c[0] < count, body, (jnp.int32(0), *zeros)
         )
-        inverse = jnp.argsort(order)
-        grad_x = jax.tree.map(lambda g: g[: live.shape[0]][inverse], grad_x)
-        return value, stats, grad_params, grad_x
+        return value, stats, grad_params, _unsort(grad_x, order)
 
     @sums.def_vmap
     def sums_batched(axis_size, in_batched, params, x, aux, live):
@@ -199,10 +195,7 @@ def live_row_sum(
         _, value, stats, grad_params, grad_x = jax.lax.while_loop(
             lambda c: c[0] < steps, body, (jnp.int32(0), *zeros)
         )
-        grad_x = jax.vmap(
-            lambda g, order: jax.tree.map(lambda g: g[: order.shape[0]][jnp.argsort(order)], g)
-        )(grad_x, order)
-        out = (value, stats, grad_params, grad_x)
+        out = (value, stats, grad_params, jax.vmap(_unsort)(grad_x, order))
         return out, jax.tree.map(lambda _: True, out)
 
     def forward(params, x, aux, live):
@@ -244,8 +237,14 @@ def _pack(tree: Any, order: jax.Array, size: int) -> Any:
     return jax.tree.map(pack, tree)
 
 
+def _unsort(tree: Any, order: jax.Array) -> Any:
+    """`_pack`'s inverse: the first rows of every leaf, back in their original places."""
+    inverse = jnp.argsort(order)
+    return jax.tree.map(lambda x: x[: order.shape[0]][inverse], tree)
+
+
 def _unpack(packed: jax.Array, order: jax.Array, live: jax.Array) -> jax.Array:
-    return _mask(packed[: live.shape[0]][jnp.argsort(order)], live)
+    return _mask(_unsort(packed, order), live)
 
 
 def _mask(x: jax.Array, live: jax.Array) -> jax.Array:
