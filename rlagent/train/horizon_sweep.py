@@ -131,13 +131,12 @@ def run(
     start = time.time()
     record = provenance.collect(config.to_dict(), horizons=[h for h, _ in plans])
     provenance.write(workdir, record)
-    shared = str(config.warm_start_horizons).strip() != SAME_HORIZON
-    if shared:  # one warm start for every horizon
-        initial, initial_config = _warm_start(config, plans[0][1][0], plans[0][0], start)
-    rows, diverged = [], []
+    rows, diverged, warm = [], [], {}
     for horizon, runs in plans:
-        if not shared:
-            initial, initial_config = _warm_start(config, runs[0], horizon, start)
+        demos = tuple(_demo_horizons(config, horizon))
+        if demos not in warm:  # once when shared by every horizon, else per horizon
+            warm = {demos: _warm_start(config, runs[0], demos, start)}
+        initial, initial_config = warm[demos]
         _log(start, f"horizon {horizon}: {', '.join(r.name for r in runs)}")
         folder = os.path.join(workdir, f"h{horizon:02d}")
         try:
@@ -399,14 +398,13 @@ def plot(summary: Mapping[str, Any], path: str) -> None:
     plt.close(fig)
 
 
-def _warm_start(config, first_run: Run, horizon: int, start: float):
-    """Each seed's warm-started parameters `[seeds]` and their config, or (None, None),
-    for the runs of `horizon` (`first_run` is one of them: the policy it builds)."""
+def _warm_start(config, first_run: Run, horizons: Sequence[int], start: float):
+    """Each seed's parameters `[seeds]` warm-started on the tasks of `horizons`, and their
+    config, or (None, None); `first_run` builds the policy."""
     warm = WarmStartConfig(**dict(config.warm_start))
     if not warm.steps:
         return None, None
     setup = experiment.build(first_run.config)
-    horizons = _demo_horizons(config, horizon)
     demos = [ToolWorld(horizon_config(h)) for h in horizons]
     trainer = make_train(setup.train_config, setup.env, setup.policy_config, setup.rollout_config)
     clone = make_warm_start(warm, demos, trainer.graphdef, setup.rollout_config)
