@@ -34,8 +34,8 @@ from ml_collections import config_flags
 
 from rlagent.credit import lm
 from rlagent.credit import mc
-from rlagent.envs import ToolWorld
-from rlagent.envs import horizon_config
+from rlagent.envs.toolworld import ToolWorld
+from rlagent.envs.toolworld import horizon_config
 from rlagent.models import Policy
 from rlagent.rollout import make_rollout
 from rlagent.train import experiment

@@ -4,7 +4,7 @@ The work measured is the same on both sides: whole episodes of the oracle policy
 reset included, counting the turns played. JAX plays `--rounds` rounds of a batch of
 episodes in one jitted call (reset, then max_turns vmapped turns, the fixed-length pattern
 of the rollout; turns after an episode's end are absorbing and not counted); the
-plain-Python reference (`rlagent.envs.reference`) plays episodes one turn at a time.
+plain-Python reference (`rlagent.envs.toolworld.reference`) plays episodes one turn at a time.
 Also reports the success rate of the oracle and of the uniform grammatical random policy
 at every level.
 
@@ -27,12 +27,12 @@ import numpy as np
 from absl import app
 from absl import flags
 
-from rlagent.envs import ToolWorld
-from rlagent.envs import ToolWorldConfig
-from rlagent.envs import oracle_policy
-from rlagent.envs import random_policy
-from rlagent.envs import unroll
-from rlagent.envs.reference import ReferenceToolWorld
+from rlagent.envs.toolworld import ToolWorld
+from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.envs.toolworld import oracle_policy
+from rlagent.envs.toolworld import random_policy
+from rlagent.envs.toolworld import unroll
+from rlagent.envs.toolworld.reference import ReferenceToolWorld
 
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the results as JSON to this path.")
 _BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["1", "64", "1024", "4096"], "Batch sizes.")

@@ -33,9 +33,9 @@ from absl import app
 from absl import flags
 from flax import nnx
 
-from rlagent.envs import ToolWorld
-from rlagent.envs import ToolWorldConfig
-from rlagent.envs import dsl
+from rlagent.envs.toolworld import ToolWorld
+from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.envs.toolworld import dsl
 from rlagent.models import Llama
 from rlagent.models import Policy
 from rlagent.models import PolicyConfig

@@ -42,6 +42,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from rlagent.host.extras import trainer_extras
 from rlagent.train import experiment
 from rlagent.train.ppo import make_train
 from rlagent.train.rewards import reward_weights
@@ -64,7 +65,13 @@ def main(argv):
     counts = sorted(int(n) for n in _RUNS.value)
     if counts[-1] > len(runs):
         raise ValueError(f"--runs asks for {counts[-1]} runs, the config has {len(runs)}")
-    trainer = make_train(setup.train_config, setup.env, setup.policy_config, setup.rollout_config)
+    trainer = make_train(
+        setup.train_config,
+        setup.env,
+        setup.policy_config,
+        setup.rollout_config,
+        **trainer_extras(setup.train_config, setup.env, setup.rollout_config),
+    )
     results = {
         "device": str(jax.devices()[0]),
         "runs": len(runs),
@@ -140,7 +147,13 @@ def _breakdown(trainer, state, setup, update_ms: float) -> dict:
         reference_ms = 0.0
     else:
         no_kl = dataclasses.replace(config, kl_placement="none", kl_target=None)
-        no_kl_trainer = make_train(no_kl, setup.env, setup.policy_config, setup.rollout_config)
+        no_kl_trainer = make_train(
+            no_kl,
+            setup.env,
+            setup.policy_config,
+            setup.rollout_config,
+            **trainer_extras(no_kl, setup.env, setup.rollout_config),
+        )
         # Interleaved, so that a load change on a shared CPU hits both programs alike.
         with_kl_ms, no_kl_ms = _best_ms_interleaved(
             [jax.jit(jax.vmap(trainer.update)), jax.jit(jax.vmap(no_kl_trainer.update))], state

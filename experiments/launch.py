@@ -20,8 +20,8 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from rlagent.host import loop
 from rlagent.train import experiment
-from rlagent.train import loop
 
 
 class LauncherFlags(NamedTuple):

@@ -60,8 +60,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rlagent.envs import StepType
-from rlagent.envs import dsl
+from rlagent.envs.base import Environment
+from rlagent.envs.base import StepType
+from rlagent.envs.base import TokenSpec
+from rlagent.envs.base import check_environment
+from rlagent.envs.base import terminated
+from rlagent.envs.base import turn_signals
+from rlagent.envs.base import turn_success
 from rlagent.models.live_rows import live_row_sum
 from rlagent.models.live_rows import live_rows
 from rlagent.models.llama import KVCache
@@ -109,38 +114,6 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.top_p must be in (0, 1], got {self.top_p}")
 
 
-class Environment(Protocol):
-    """What the rollout needs from an environment (ToolWorld is one); methods act on one episode.
-
-    `reset(key) -> (state, timestep)` and `step(state, action [L] int32) -> (state,
-    timestep)`, where `timestep.observation` has `tokens [O]` int32 and `progress [K]`
-    int32, `timestep.step_type == StepType.LAST` ends the episode, `timestep.discount` is 0
-    on termination (1 on truncation), and `timestep.signals` carries the per-turn
-    outcome, verdict, efficiency and violations (`rlagent.envs.Signals`).
-    `allowed_tokens(state, prefix [L], position) -> [V] bool` is the set a constrained
-    sampler may draw token `position` of a turn from. Tokens are those of
-    `rlagent.envs.dsl` (PAD pads, END ends a turn).
-    """
-
-    @property
-    def max_turns(self) -> int: ...  # S
-
-    @property
-    def obs_len(self) -> int: ...  # O
-
-    @property
-    def turn_len(self) -> int: ...  # L
-
-    @property
-    def num_markers(self) -> int: ...  # K
-
-    def reset(self, key: jax.Array) -> tuple[Any, Any]: ...
-
-    def step(self, state: Any, action: jax.Array) -> tuple[Any, Any]: ...
-
-    def allowed_tokens(self, state: Any, prefix: jax.Array, position: jax.Array) -> jax.Array: ...
-
-
 class Dims(NamedTuple):
     """Static sizes of one rollout."""
 
@@ -148,6 +121,7 @@ class Dims(NamedTuple):
     obs_len: int  # O
     num_markers: int  # K
     turn_len: int  # L
+    pad: int = 0  # the PAD token (env.token_spec.pad, the policy's pad_id)
 
     @property
     def block(self) -> int:
@@ -191,10 +165,8 @@ class TurnOutput(NamedTuple):
     logp: jax.Array  # [B, L] float32.
     values: jax.Array  # [B, L] float32.
     turn_mask: jax.Array  # [B] bool.
-    outcome: jax.Array  # [B] float32.
-    verdict: jax.Array  # [B] float32.
-    efficiency: jax.Array  # [B] float32.
-    violations: jax.Array  # [B] int32.
+    signals: dict[str, jax.Array]  # {name: [B] float32} of env.signal_names.
+    success: jax.Array  # [B] bool.
     done: jax.Array  # [B] bool.
     sampling_mask: jax.Array | None  # [B, L, V] bool (constrained decoding), else None.
 
@@ -375,6 +347,7 @@ def make_turn(
             actor,
             TurnInputs(prefill, carry.env_state, turn_keys, visible),
             turn_len=env.turn_len,
+            tokens=env.token_spec,
             config=config,
             allowed_fn=allowed_fn,
         )
@@ -395,11 +368,9 @@ def make_turn(
             logp=jnp.where(played, sampled.logp, 0.0),
             values=jnp.where(played, values, 0.0),
             turn_mask=alive,
-            outcome=jnp.where(alive, ts.signals.outcome.astype(jnp.float32), 0.0),
-            verdict=jnp.where(alive, ts.signals.verdict.astype(jnp.float32), 0.0),
-            efficiency=jnp.where(alive, ts.signals.efficiency.astype(jnp.float32), 0.0),
-            violations=jnp.where(alive, ts.signals.violations.astype(jnp.int32), 0),
-            done=alive & last & (ts.discount == 0),
+            signals=turn_signals(env, ts, alive),
+            success=turn_success(ts, alive),
+            done=alive & terminated(ts),
             sampling_mask=sampled.sampling_mask,
         )
         memory = reader.advance(readers, memory, caches, obs, sampled.action, sampled.live)
@@ -528,7 +499,7 @@ def _token_scores(
     """
     logits = actor.logits(hidden, visible[..., None, :])
     if sampling_mask is None:
-        allowed = _ban_pad(jnp.ones(logits.shape, bool))
+        allowed = _ban_pad(jnp.ones(logits.shape, bool), actor.config.pad_id)
     else:
         allowed = sampling_mask
     log_pi = policy_log_probs(logits, temperature=config.temperature, mask=allowed_to_mask(allowed))
@@ -548,7 +519,9 @@ def turn_hidden_states(model: ContextLM, traj: Trajectory, *, window: int | None
       zeros in turns not played (windowed mode).
     """
     _, turns, obs_len = traj.obs_tokens.shape
-    dims = Dims(turns, obs_len, traj.progress.shape[-1], traj.action_tokens.shape[-1])
+    dims = Dims(
+        turns, obs_len, traj.progress.shape[-1], traj.action_tokens.shape[-1], model.config.pad_id
+    )
     return context_reader(dims, window, model.encoder.num_slots).hidden_states(model, traj)
 
 
@@ -586,8 +559,8 @@ class WindowedContext:
     def visible(self, memory: WindowMemory, current: jax.Array) -> tuple[jax.Array, WindowMemory]:
         """Tokens of the current observation and of those in the window: `[B, V]`."""
         window = memory.window
-        # `_context_reader` checked that the policy's PAD is the DSL's.
-        in_window = observed_tokens(window.obs, current.shape[-1], dsl.PAD)
+        # `_context_reader` checked that the policy's PAD is the env's.
+        in_window = observed_tokens(window.obs, current.shape[-1], self.dims.pad)
         in_window = in_window * window.valid[..., None]
         return jnp.maximum(current, in_window.max(axis=1, initial=0.0)), memory
 
@@ -801,6 +774,7 @@ def _sample_turn(
     inputs: TurnInputs,
     *,
     turn_len: int,
+    tokens: TokenSpec,
     config: RolloutConfig,
     allowed_fn: Callable[[Any, jax.Array, jax.Array], jax.Array],
 ) -> SampledTurn:
@@ -820,8 +794,8 @@ def _sample_turn(
 
     def allowed_at(prefix, i):
         if config.constrained:
-            return _ban_pad(allowed_fn(inputs.env_state, prefix, i))
-        return _ban_pad(jnp.ones((batch, vocab), bool))
+            return _ban_pad(allowed_fn(inputs.env_state, prefix, i), tokens.pad)
+        return _ban_pad(jnp.ones((batch, vocab), bool), tokens.pad)
 
     def token(carry):
         i, hidden, cache, prefix, done, out = carry
@@ -830,12 +804,12 @@ def _sample_turn(
         token_noise = jax.lax.dynamic_index_in_dim(noise, i, 1, keepdims=False)
         tok, logp = sample(token_noise, logits, mask=allowed_to_mask(allowed))
         live = ~done
-        tok = jnp.where(live, tok, dsl.PAD)
+        tok = jnp.where(live, tok, tokens.pad)
         value = actor.values(hidden) if shared_values else jnp.zeros((batch,), jnp.float32)
         x = actor.encoder.action(actor.embed, tok[:, None])
         hidden, cache = actor.lm(x, live[:, None], cache, start + i)
         prefix = prefix.at[:, i].set(tok)
-        done = done | (tok == dsl.END)
+        done = done | (tok == tokens.end)
         new = (tok, live, jnp.where(live, logp, 0.0), jnp.where(live, value, 0.0))
         new = new + (allowed if config.constrained else None,)
         out = jax.tree.map(lambda buffer, x: buffer.at[:, i].set(x), out, new)
@@ -844,13 +818,13 @@ def _sample_turn(
     # The token loop stops once every row has ended its turn (under the grammar, by the
     # longest command): later tokens are PAD, not live, with logp and value 0.
     out = (
-        jnp.full((batch, turn_len), dsl.PAD, jnp.int32),
+        jnp.full((batch, turn_len), tokens.pad, jnp.int32),
         jnp.zeros((batch, turn_len), bool),
         jnp.zeros((batch, turn_len), jnp.float32),
         jnp.zeros((batch, turn_len), jnp.float32),
         jnp.zeros((batch, turn_len, vocab), bool) if config.constrained else None,
     )
-    init = (jnp.int32(0), hidden, cache, jnp.full((batch, turn_len), dsl.PAD, jnp.int32))
+    init = (jnp.int32(0), hidden, cache, jnp.full((batch, turn_len), tokens.pad, jnp.int32))
     init = init + (jnp.zeros((batch,), bool), out)
     ended, _, cache, prefix, _, out = jax.lax.while_loop(
         lambda c: (c[0] < turn_len) & ~jnp.all(c[4]), token, init
@@ -868,16 +842,13 @@ def _sample_turn(
     return SampledTurn(action, live, logp, values, allowed, cache)
 
 
-def _guardrail_masks(env: Environment) -> bool:
-    """Whether the env's guardrail acts through `allowed_tokens` (ToolWorld's mask mode)."""
-    return getattr(getattr(env, "config", None), "guardrail", None) == "mask"
-
-
 def _check_env(env: Environment, config: RolloutConfig) -> None:
-    if _guardrail_masks(env) and not config.constrained:
+    check_environment(env)
+    # An environment whose rules act through allowed_tokens (ToolWorld's guardrail 'mask').
+    if getattr(env, "requires_constrained", False) and not config.constrained:
         raise ValueError(
-            "the env's guardrail is 'mask', which acts through allowed_tokens: it needs "
-            "RolloutConfig.constrained=True"
+            f"{type(env).__name__}'s rules act through allowed_tokens (e.g. a guardrail in "
+            "'mask' mode): it needs RolloutConfig.constrained=True"
         )
 
 
@@ -899,19 +870,23 @@ def _dims(env: Environment) -> Dims:
         obs_len=env.obs_len,
         num_markers=env.num_markers,
         turn_len=env.turn_len,
+        pad=env.token_spec.pad,
     )
 
 
 def _context_reader(env: Environment, policy: Policy, config: RolloutConfig) -> ContextReader:
     """The reader of `config.window`'s mode, after checking the policy fits the env."""
     pcfg = policy.config
-    if pcfg.vocab_size != dsl.VOCAB_SIZE:
+    spec = env.token_spec
+    if pcfg.vocab_size != spec.vocab_size:
         raise ValueError(
             f"PolicyConfig.vocab_size={pcfg.vocab_size} differs from the env's "
-            f"dsl.VOCAB_SIZE={dsl.VOCAB_SIZE}"
+            f"token_spec.vocab_size={spec.vocab_size}"
         )
-    if pcfg.pad_id != dsl.PAD:
-        raise ValueError(f"PolicyConfig.pad_id={pcfg.pad_id} differs from dsl.PAD={dsl.PAD}")
+    if pcfg.pad_id != spec.pad:
+        raise ValueError(
+            f"PolicyConfig.pad_id={pcfg.pad_id} differs from the env's token_spec.pad={spec.pad}"
+        )
     if env.num_markers > pcfg.max_markers:
         raise ValueError(
             f"env has {env.num_markers} progress markers, PolicyConfig.max_markers is "
@@ -933,9 +908,9 @@ def _check_trajectory(traj: Trajectory, dims: Dims, vocab: int) -> None:
         chex.assert_shape(traj.sampling_mask, (batch, s, n, vocab))
 
 
-def _ban_pad(allowed: jax.Array) -> jax.Array:
-    """Removes PAD from `allowed [..., V]` unless PAD is the only allowed token."""
-    no_pad = allowed & (jnp.arange(allowed.shape[-1]) != dsl.PAD)
+def _ban_pad(allowed: jax.Array, pad: int) -> jax.Array:
+    """Removes `pad` from `allowed [..., V]` unless it is the only allowed token."""
+    no_pad = allowed & (jnp.arange(allowed.shape[-1]) != pad)
     return jnp.where(no_pad.any(axis=-1, keepdims=True), no_pad, allowed)
 
 

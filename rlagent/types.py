@@ -25,10 +25,10 @@ class Trajectory(NamedTuple):
     logp: jax.Array  # [B, S, L] float32: behaviour log-prob of each sampled token.
     values: jax.Array  # [B, S, L] float32: value estimate at each action token.
     turn_mask: jax.Array  # [B, S] bool: turn s was played.
-    outcome: jax.Array  # [B, S] float32: outcome (1 solved, else 0) on the final turn, else 0.
-    verdict: jax.Array  # [B, S] float32: oracle process verdict of turn s (rlagent.envs).
-    efficiency: jax.Array  # [B, S] float32: efficiency reward of turn s (<= 0 past the plan).
-    violations: jax.Array  # [B, S] int32: guardrail rules broken by turn s.
+    # {name: [B, S] float32}: the environment's per-turn signals (`env.signal_names`, e.g.
+    # ToolWorld's outcome, verdict, efficiency, violations), 0 on unplayed turns.
+    signals: dict[str, jax.Array]
+    success: jax.Array  # [B, S] bool: the environment's success flag, on the solving turn.
     done: jax.Array  # [B, S] bool: the episode terminated at turn s (discount 0 after it).
     bootstrap_value: jax.Array  # [B] float32: value after the last played turn if truncated.
     # [B, S, L, V] bool: tokens the sampler allowed (constrained decoding), so that
@@ -39,6 +39,16 @@ class Trajectory(NamedTuple):
     def loss_mask(self) -> jax.Array:
         """`[B, S, L]` bool: tokens the policy generated in turns that were played."""
         return self.action_mask & self.turn_mask[..., None]
+
+    @property
+    def episode_success(self) -> jax.Array:
+        """`[B]` bool: the environment reported success on a played turn."""
+        return episode_success(self.success, self.turn_mask)
+
+
+def episode_success(success: jax.Array, turn_mask: jax.Array) -> jax.Array:
+    """`[..., B]` bool of `[..., B, S]` per-turn success flags: success on a played turn."""
+    return jnp.any(success & turn_mask, axis=-1)
 
 
 class TokenView(NamedTuple):

@@ -24,7 +24,7 @@ def tiny_policy_config():
     One layer, d = 32, ToolWorld's vocabulary, a 2-slot summary: small enough to compile in
     seconds, with every part (GQA, summary recurrence, value head) present.
     """
-    from rlagent.envs import dsl
+    from rlagent.envs.toolworld import dsl
     from rlagent.models import PolicyConfig
 
     def make(**overrides):

@@ -36,10 +36,15 @@ def _trajectory(seed: int = 0) -> Trajectory:
         logp=jnp.zeros((B, S, L), jnp.float32),
         values=jnp.asarray(rng.normal(size=(B, S, L)) * action_mask, jnp.float32),
         turn_mask=jnp.asarray(turn_mask),
-        outcome=jnp.asarray(outcome * turn_mask),
-        verdict=jnp.asarray(rng.choice([-1.0, 0.0, 1.0], size=(B, S)) * turn_mask, jnp.float32),
-        efficiency=jnp.zeros((B, S), jnp.float32),
-        violations=jnp.zeros((B, S), jnp.int32),
+        signals={
+            "outcome": jnp.asarray(outcome * turn_mask),
+            "verdict": jnp.asarray(
+                rng.choice([-1.0, 0.0, 1.0], size=(B, S)) * turn_mask, jnp.float32
+            ),
+            "efficiency": jnp.zeros((B, S), jnp.float32),
+            "violations": (jnp.zeros((B, S), jnp.int32)).astype(jnp.float32),
+        },
+        success=(jnp.asarray(outcome * turn_mask)) > 0,
         done=jnp.asarray(done),
         bootstrap_value=jnp.zeros((B,), jnp.float32),
     )
@@ -135,7 +140,7 @@ def test_anti_credit_scores_minus_one():
 def test_every_trainer_estimator_gives_turn_credit(estimator):
     trajectory = _trajectory()
     config = TrainConfig(estimator=estimator, num_groups=2, group_size=2)
-    rewards = trajectory.outcome + 0.5 * trajectory.verdict
+    rewards = trajectory.signals["outcome"] + 0.5 * trajectory.signals["verdict"]
     out = credit.estimator_credit(trajectory, rewards, config)
     chex.assert_shape(out, (B, S))
     assert np.all(np.isfinite(np.asarray(out)))
@@ -147,7 +152,7 @@ def test_monte_carlo_turn_gae_credit_is_the_return_to_go():
     trajectory = _trajectory()
     trajectory = trajectory._replace(values=jnp.zeros_like(trajectory.values))
     config = TrainConfig(estimator="gae_turn", lam=1.0, normalize_advantages=False)
-    rewards = trajectory.verdict
+    rewards = trajectory.signals["verdict"]
     out = credit.estimator_credit(trajectory, rewards, config)
     expected = np.flip(np.cumsum(np.flip(np.asarray(rewards), 1), 1), 1)
     expected = expected * np.asarray(trajectory.turn_mask)

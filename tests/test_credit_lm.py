@@ -12,9 +12,10 @@ from flax import nnx
 
 from rlagent.credit import lm
 from rlagent.credit import mc
-from rlagent.envs import ToolWorld
-from rlagent.envs import dsl
-from rlagent.envs import level_config
+from rlagent.envs.toolworld import ToolWorld
+from rlagent.envs.toolworld import dsl
+from rlagent.envs.toolworld import level_config
+from rlagent.host.extras import trainer_extras
 from rlagent.models import Policy
 from rlagent.models import PolicyConfig
 from rlagent.rollout import RolloutConfig
@@ -112,7 +113,13 @@ def test_training_logs_credit_accuracy_every_k_updates(env):
         credit_episodes=2,
         credit_samples=2,
     )
-    trainer = make_train(config, env, POLICY, RolloutConfig(window=1, constrained=True))
+    trainer = make_train(
+        config,
+        env,
+        POLICY,
+        RolloutConfig(window=1, constrained=True),
+        **trainer_extras(config, env, RolloutConfig(window=1, constrained=True)),
+    )
     _, metrics = jax.jit(trainer.train)(jax.random.key(0))
     turns = np.asarray(metrics["credit_num_turns"])
     assert turns[0] > 0 and np.isnan(turns[1])  # measured on update 0, not on update 1
@@ -127,7 +134,13 @@ def test_only_the_measured_updates_trace_the_monte_carlo(env, monkeypatch):
     config = TrainConfig(
         num_groups=2, group_size=2, credit_every=2, credit_episodes=2, credit_samples=2
     )
-    trainer = make_train(config, env, POLICY, RolloutConfig(window=1, constrained=True))
+    trainer = make_train(
+        config,
+        env,
+        POLICY,
+        RolloutConfig(window=1, constrained=True),
+        **trainer_extras(config, env, RolloutConfig(window=1, constrained=True)),
+    )
     states = jax.vmap(trainer.init)(jax.random.split(jax.random.key(0), 2))
     jax.eval_shape(jax.vmap(trainer.update), states)
     assert not traced

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from rlagent import credit
-from rlagent.envs import ReferenceToolWorld
-from rlagent.envs import ToolWorld
-from rlagent.envs import dsl
-from rlagent.envs import level_config
+from rlagent.envs.toolworld import ReferenceToolWorld
+from rlagent.envs.toolworld import ToolWorld
+from rlagent.envs.toolworld import dsl
+from rlagent.envs.toolworld import level_config
 from rlagent.train.config import TrainConfig
 from rlagent.train.rewards import reward_weights
 from rlagent.train.rewards import turn_rewards

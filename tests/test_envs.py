@@ -8,18 +8,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlagent.envs import RULE_NAMES
-from rlagent.envs import Command
-from rlagent.envs import Progress
-from rlagent.envs import Signals
-from rlagent.envs import StepType
-from rlagent.envs import TaskKind
-from rlagent.envs import ToolWorld
-from rlagent.envs import ToolWorldConfig
-from rlagent.envs import dsl
-from rlagent.envs import guardrail
-from rlagent.envs import oracle_policy
-from rlagent.envs import unroll
+from rlagent.envs.toolworld import RULE_NAMES
+from rlagent.envs.toolworld import Command
+from rlagent.envs.toolworld import Progress
+from rlagent.envs.toolworld import Signals
+from rlagent.envs.toolworld import StepType
+from rlagent.envs.toolworld import TaskKind
+from rlagent.envs.toolworld import ToolWorld
+from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.envs.toolworld import dsl
+from rlagent.envs.toolworld import guardrail
+from rlagent.envs.toolworld import oracle_policy
+from rlagent.envs.toolworld import unroll
 
 BATCH = 64
 

@@ -7,17 +7,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlagent.envs import Command
-from rlagent.envs import ToolWorld
-from rlagent.envs import ToolWorldConfig
-from rlagent.envs import dsl
-from rlagent.envs import horizon_config
-from rlagent.envs import level_config
-from rlagent.envs import oracle_policy
-from rlagent.envs import render_transcript
-from rlagent.envs.curriculum import Promotion
-from rlagent.envs.curriculum import shortest_plan_range
-from rlagent.envs.reference import ReferenceToolWorld
+from rlagent.envs.toolworld import Command
+from rlagent.envs.toolworld import ToolWorld
+from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.envs.toolworld import dsl
+from rlagent.envs.toolworld import horizon_config
+from rlagent.envs.toolworld import level_config
+from rlagent.envs.toolworld import oracle_policy
+from rlagent.envs.toolworld import render_transcript
+from rlagent.envs.toolworld.curriculum import Promotion
+from rlagent.envs.toolworld.curriculum import shortest_plan_range
+from rlagent.envs.toolworld.reference import ReferenceToolWorld
 
 
 @pytest.mark.parametrize("horizon", [2, 3, 4, 9, 16, 20])

@@ -16,15 +16,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlagent.envs import Command
-from rlagent.envs import Signals
-from rlagent.envs import StepType
-from rlagent.envs import ToolWorld
-from rlagent.envs import ToolWorldConfig
-from rlagent.envs import dsl
-from rlagent.envs import oracle_policy
-from rlagent.envs import random_policy
-from rlagent.envs.reference import ReferenceToolWorld
+from rlagent.envs.toolworld import Command
+from rlagent.envs.toolworld import Signals
+from rlagent.envs.toolworld import StepType
+from rlagent.envs.toolworld import ToolWorld
+from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.envs.toolworld import dsl
+from rlagent.envs.toolworld import oracle_policy
+from rlagent.envs.toolworld import random_policy
+from rlagent.envs.toolworld.reference import ReferenceToolWorld
 
 CASES = {
     # name: (config, number of episodes); 2000 episodes in all, every verdict preset.

@@ -11,16 +11,16 @@ import pytest
 
 from experiments.configs import horizon_sweep as default_config
 from experiments.configs import horizon_sweep_accel
-from rlagent.envs import ToolWorld
-from rlagent.envs import horizon_config
+from rlagent.envs.toolworld import ToolWorld
+from rlagent.envs.toolworld import horizon_config
+from rlagent.host import loop
+from rlagent.pipeline.warm_start import WarmStartConfig
+from rlagent.pipeline.warm_start import make_oracle_log_likelihood
+from rlagent.pipeline.warm_start import make_warm_start
 from rlagent.rollout import RolloutConfig
 from rlagent.train import horizon_sweep
-from rlagent.train import loop
 from rlagent.train.config import TrainConfig
 from rlagent.train.ppo import make_train
-from rlagent.train.warm_start import WarmStartConfig
-from rlagent.train.warm_start import make_oracle_log_likelihood
-from rlagent.train.warm_start import make_warm_start
 
 
 def _tiny_config():

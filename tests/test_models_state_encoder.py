@@ -31,10 +31,13 @@ def _trajectory(seed):
         logp=jnp.zeros((1, TURNS, ACT)),
         values=jnp.zeros((1, TURNS, ACT)),
         turn_mask=jnp.ones((1, TURNS), bool),
-        outcome=zeros,
-        verdict=zeros,
-        efficiency=zeros,
-        violations=jnp.zeros((1, TURNS), jnp.int32),
+        signals={
+            "outcome": zeros,
+            "verdict": zeros,
+            "efficiency": zeros,
+            "violations": (jnp.zeros((1, TURNS), jnp.int32)).astype(jnp.float32),
+        },
+        success=(zeros) > 0,
         done=jnp.zeros((1, TURNS), bool),
         bootstrap_value=jnp.zeros((1,)),
     )

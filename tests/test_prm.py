@@ -17,8 +17,9 @@ from rlagent.credit import lm
 from rlagent.credit import mc
 from rlagent.credit.mc import MCValues
 from rlagent.credit.mc import TurnSignals
-from rlagent.envs import ToolWorld
-from rlagent.envs import ToolWorldConfig
+from rlagent.envs.toolworld import ToolWorld
+from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.host.extras import trainer_extras
 from rlagent.models import Policy
 from rlagent.prm import PRMInputs
 from rlagent.prm import completion_labels
@@ -84,10 +85,13 @@ def _signals() -> TurnSignals:
     zeros = jnp.zeros((2, 4), jnp.float32)
     return TurnSignals(
         turn_mask=turn_mask,
-        outcome=zeros.at[0, 2].set(1.0),
-        verdict=zeros,
-        efficiency=zeros,
-        violations=zeros.astype(jnp.int32),
+        signals={
+            "outcome": zeros.at[0, 2].set(1.0),
+            "verdict": zeros,
+            "efficiency": zeros,
+            "violations": (zeros.astype(jnp.int32)).astype(jnp.float32),
+        },
+        success=(zeros.at[0, 2].set(1.0)) > 0,
         done=jnp.asarray([[F, F, T, F], [F, F, F, F]]),
     )
 
@@ -119,7 +123,9 @@ def test_learned_components_by_hand():
     np.testing.assert_allclose(shaped.sum(axis=1), [0.0, 0.5 * 1.75], atol=1e-6)
     # A form is the outcome plus its component; without scores the components are 0.
     rewards = turn_rewards(signals, config, reward_weights(config, "learned_sum"), SCORES)
-    np.testing.assert_allclose(rewards, signals.outcome + learned["learned_sum"], atol=1e-6)
+    np.testing.assert_allclose(
+        rewards, signals.signals["outcome"] + learned["learned_sum"], atol=1e-6
+    )
     unscored = np.asarray(reward_components(signals, config))
     assert not unscored[..., COMPONENTS.index("learned_sum") :].any()
 
@@ -130,7 +136,10 @@ def test_noisy_oracle_flips_labels_at_its_noise_rate():
     verdict = jax.random.choice(key_verdict, jnp.asarray([-1.0, 0.0, 1.0]), shape)
     mask = jax.random.uniform(key_mask, shape) < 0.9
     signals = _signals()._replace(
-        turn_mask=mask, verdict=verdict, outcome=jnp.zeros(shape), done=jnp.zeros(shape, bool)
+        turn_mask=mask,
+        signals={"outcome": jnp.zeros(shape), "verdict": verdict},
+        success=jnp.zeros(shape, bool),
+        done=jnp.zeros(shape, bool),
     )
     good = np.asarray((verdict > 0) & mask, np.float32)
     judged = np.asarray(mask & (verdict != 0))
@@ -174,7 +183,7 @@ CONFIG = TrainConfig(
 @pytest.fixture(scope="module")
 def trained():
     """Two trainer updates; then the first one's labels replayed outside the trainer."""
-    trainer = make_train(CONFIG, ENV, POLICY, ROLLOUT)
+    trainer = make_train(CONFIG, ENV, POLICY, ROLLOUT, **trainer_extras(CONFIG, ENV, ROLLOUT))
     state = trainer.init(jax.random.key(0))
     update = jax.jit(trainer.update)
     first, metrics_1 = update(state)

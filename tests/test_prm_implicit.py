@@ -7,8 +7,8 @@ import pytest
 from flax import nnx
 
 from rlagent.credit.accuracy import verdict_auroc
-from rlagent.envs import ToolWorld
-from rlagent.envs import level_config
+from rlagent.envs.toolworld import ToolWorld
+from rlagent.envs.toolworld import level_config
 from rlagent.models import Policy
 from rlagent.prm import PRMInputs
 from rlagent.prm import make_implicit_prm
@@ -36,8 +36,7 @@ def setup(tiny_policy_config):
     keys = jax.random.split(jax.random.key(0), 2 * BATCH)
     traj = jax.jit(make_rollout(ENV, graphdef, CONFIG))(ref_params, keys[:BATCH], keys[BATCH:])
     success = jnp.arange(BATCH) % 2 == 0
-    outcome = jnp.zeros_like(traj.outcome).at[:, 0].set(jnp.where(success, 1.0, -1.0))
-    traj = traj._replace(outcome=outcome)
+    traj = traj._replace(success=jnp.zeros_like(traj.success).at[:, 0].set(success))
     score = make_score(ENV, graphdef, CONFIG)
     hand_returns = jax.jit(
         lambda: BETA * jnp.sum(score(other_params, traj)[0] - score(ref_params, traj)[0], axis=-1)
@@ -77,7 +76,7 @@ def test_turn_reward_is_beta_times_the_log_ratio(setup):
     np.testing.assert_allclose(scores[1], expected, atol=1e-5)
     _, metrics = setup["update"](setup["states"], setup["inputs"], setup["keys"])
     # prm_auroc is that of the scores before the step (the batch is new to phi).
-    auroc = verdict_auroc(expected, traj.turn_mask, traj.verdict)
+    auroc = verdict_auroc(expected, traj.turn_mask, traj.signals["verdict"])
     np.testing.assert_allclose(metrics["prm_auroc"][1], auroc, atol=1e-6)
 
 

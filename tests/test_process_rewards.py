@@ -9,12 +9,12 @@ import pytest
 
 from experiments.configs import process_rewards
 from experiments.configs import process_rewards_accel
+from rlagent.analysis import report
 from rlagent.credit import mc
+from rlagent.host import loop
 from rlagent.prm import experiment as prm_experiment
 from rlagent.prm import study
 from rlagent.train import experiment
-from rlagent.train import loop
-from rlagent.train import report
 
 
 def _label_config():

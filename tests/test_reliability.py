@@ -1,7 +1,7 @@
 """Runs that never lose or mix results: workdir safety, resume checks, divergence, faults.
 
 Every loop run here uses the tiny setup of tests/test_train.py's resume test (same
-objects, same shapes), so the compiled chunk of `rlagent.train.loop` is shared.
+objects, same shapes), so the compiled chunk of `rlagent.host.loop` is shared.
 """
 
 import dataclasses
@@ -28,16 +28,16 @@ from test_train import POLICY
 from test_train import ROLLOUT
 
 from experiments.configs import sparse_vs_dense as default_config
-from rlagent.envs import ToolWorldConfig
+from rlagent.analysis import report
+from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.host import loop
+from rlagent.host import provenance
+from rlagent.host.writers import MetricWriter
 from rlagent.models import PolicyConfig
 from rlagent.rollout import RolloutConfig
 from rlagent.train import TrainConfig
 from rlagent.train import experiment
-from rlagent.train import loop
-from rlagent.train import provenance
-from rlagent.train import report
 from rlagent.train.ppo import NONFINITE_METRICS
-from rlagent.train.writers import MetricWriter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = TrainConfig(num_updates=2, num_groups=2, group_size=2, num_minibatches=1,
@@ -279,7 +279,7 @@ FAULT_SCRIPT = textwrap.dedent(
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     sys.path[:0] = [{root!r}, {root!r} + "/tests"]
     from orbax.checkpoint._src.path import atomicity
-    from rlagent.train import loop, writers
+    from rlagent.host import loop, writers
     from test_reliability import _run
 
     mode, workdir = sys.argv[1], sys.argv[2]

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlagent.envs import Command
-from rlagent.envs import StepType
-from rlagent.envs import ToolWorld
-from rlagent.envs import ToolWorldConfig
-from rlagent.envs import dsl
+from rlagent.envs.toolworld import Command
+from rlagent.envs.toolworld import StepType
+from rlagent.envs.toolworld import ToolWorld
+from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.envs.toolworld import dsl
 from rlagent.models import Policy
 from rlagent.rollout import RolloutConfig
 from rlagent.rollout import make_continue
@@ -132,9 +132,9 @@ def test_masks_and_turn_ids_match_transcript(case):
             state, ts = step(state, jnp.asarray(action))
             last = int(ts.step_type) == StepType.LAST
             assert traj.done[b, s] == (last and float(ts.discount) == 0.0)
-            assert traj.verdict[b, s] == ts.signals.verdict
-            assert traj.outcome[b, s] == ts.signals.outcome
-            assert traj.violations[b, s] == ts.signals.violations
+            assert traj.signals["verdict"][b, s] == ts.signals.verdict
+            assert traj.signals["outcome"][b, s] == ts.signals.outcome
+            assert traj.signals["violations"][b, s] == ts.signals.violations
             alive = not last
     view = token_view(case["traj"])
     turn_of_token = np.repeat(np.arange(ENV.max_turns), ENV.obs_len + ENV.turn_len)
@@ -155,7 +155,7 @@ def test_constrained_sampling_obeys_mask(case):
     assert chosen[played].all()
     commands = jax.vmap(jax.vmap(lambda a: ENV.parse(a)[0]))(jnp.asarray(traj.action_tokens))
     assert (np.asarray(commands)[traj.turn_mask] != Command.MALFORMED).all()
-    assert traj.violations.sum() == 0  # guardrail='mask': the mask keeps the rules
+    assert traj.signals["violations"].sum() == 0  # guardrail='mask': the mask keeps the rules
 
 
 def test_deterministic_per_key_and_compiled_once(case):

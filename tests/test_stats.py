@@ -1,9 +1,9 @@
-"""Statistics over seeds: hand cases and invariants of rlagent.train.stats."""
+"""Statistics over seeds: hand cases and invariants of rlagent.analysis.stats."""
 
 import numpy as np
 import pytest
 
-from rlagent.train import stats
+from rlagent.analysis import stats
 
 
 def test_holm_hand_case():

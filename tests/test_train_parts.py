@@ -12,12 +12,14 @@ from rlagent import losses
 from rlagent.advantages import gae
 from rlagent.advantages import hierarchical_advantages
 from rlagent.advantages import reinforce_pp_returns
-from rlagent.envs import dsl
+from rlagent.analysis import report
+from rlagent.envs.toolworld import ToolWorld
+from rlagent.envs.toolworld import dsl
+from rlagent.host.writers import MetricWriter
 from rlagent.losses import AGG_MODES
 from rlagent.returns import compose_rewards
 from rlagent.rollout import TokenScores
 from rlagent.train import estimators
-from rlagent.train import report
 from rlagent.train.config import ESTIMATORS
 from rlagent.train.config import LEARNED_REWARDS
 from rlagent.train.config import REWARDS
@@ -35,7 +37,6 @@ from rlagent.train.rewards import ReturnStats
 from rlagent.train.rewards import reward_weights
 from rlagent.train.rewards import scale_rewards
 from rlagent.train.rewards import turn_rewards
-from rlagent.train.writers import MetricWriter
 from rlagent.types import Trajectory
 from rlagent.types import token_view
 
@@ -66,10 +67,13 @@ def _trajectory() -> Trajectory:
         logp=jnp.asarray(-rng.random((B, S, L)), jnp.float32),
         values=jnp.asarray(rng.random((B, S, L)), jnp.float32),
         turn_mask=jnp.asarray(turn_mask),
-        outcome=jnp.asarray(outcome),
-        verdict=jnp.asarray(verdict),
-        efficiency=jnp.asarray(efficiency),
-        violations=jnp.asarray(violations),
+        signals={
+            "outcome": jnp.asarray(outcome),
+            "verdict": jnp.asarray(verdict),
+            "efficiency": jnp.asarray(efficiency),
+            "violations": (jnp.asarray(violations)).astype(jnp.float32),
+        },
+        success=(jnp.asarray(outcome)) > 0,
         done=jnp.asarray(turn_mask & ~np.roll(turn_mask, -1, axis=1)),
         bootstrap_value=jnp.zeros((B,), jnp.float32),
     )
@@ -109,9 +113,12 @@ def test_violation_penalty_is_paid_once_per_violating_turn():
     """A turn that breaks three rules costs the penalty once, like a turn that breaks one."""
     violations = np.zeros((B, S), np.int32)
     violations[1, 1], violations[0, 2] = 3, 1
-    traj = _trajectory()._replace(violations=jnp.asarray(violations))
+    traj = _trajectory()
+    traj = traj._replace(
+        signals={**traj.signals, "violations": jnp.asarray(violations, jnp.float32)}
+    )
     got = turn_rewards(traj, _config(reward="outcome", violation_penalty=0.5))
-    np.testing.assert_allclose(got, np.asarray(traj.outcome) - 0.5 * (violations > 0))
+    np.testing.assert_allclose(got, np.asarray(traj.signals["outcome"]) - 0.5 * (violations > 0))
 
 
 def test_scale_rewards_brings_the_return_std_to_one():
@@ -140,9 +147,9 @@ def test_scale_rewards_brings_the_return_std_to_one():
 def test_turn_rewards_match_hand_computed_forms():
     traj = _trajectory()
     valid = np.asarray(traj.turn_mask, np.float32)
-    verdict = np.asarray(traj.verdict) * valid
-    outcome = np.asarray(traj.outcome)
-    penalty = np.asarray(traj.violations, np.float32)
+    verdict = np.asarray(traj.signals["verdict"]) * valid
+    outcome = np.asarray(traj.signals["outcome"])
+    penalty = np.asarray(traj.signals["violations"], np.float32)
 
     np.testing.assert_allclose(turn_rewards(traj, _config(reward="outcome")), outcome)
     np.testing.assert_allclose(turn_rewards(traj, _config(reward="process")), verdict)
@@ -151,7 +158,7 @@ def test_turn_rewards_match_hand_computed_forms():
         verdict - 0.5 * penalty,
     )
     composed = np.asarray(turn_rewards(traj, _config(reward="composed")))
-    expected = 0.3 * verdict + 0.2 * np.asarray(traj.efficiency) * valid + 0.5 * outcome
+    expected = 0.3 * verdict + 0.2 * np.asarray(traj.signals["efficiency"]) * valid + 0.5 * outcome
     np.testing.assert_allclose(composed, expected, atol=1e-6)
     np.testing.assert_allclose(
         turn_rewards(traj, _config(reward="prm_sum")), outcome + verdict, atol=1e-6
@@ -182,9 +189,9 @@ def test_composed_weights_equal_the_compose_rewards_kernel():
     traj = _trajectory()
     config = _config(reward="composed", reward_weights=(0.6, 0.25, 0.15))
     kernel = compose_rewards(
-        jnp.sum(traj.outcome, axis=1),
-        traj.verdict * traj.turn_mask,
-        traj.efficiency * traj.turn_mask,
+        jnp.sum(traj.signals["outcome"], axis=1),
+        traj.signals["verdict"] * traj.turn_mask,
+        traj.signals["efficiency"] * traj.turn_mask,
         traj.turn_mask,
         weights=(0.6, 0.25, 0.15),
     )
@@ -365,7 +372,7 @@ def test_episode_metrics_by_hand():
     first[0, 1] = first[3, 0] = dsl.CALL  # episodes 0 and 3 call a tool ...
     first[2, 1] = dsl.CALL  # ... episode 2 only after its last played turn.
     traj = traj._replace(action_tokens=traj.action_tokens.at[..., 0].set(first))
-    metrics = jax.tree.map(float, episode_metrics(traj))
+    metrics = jax.tree.map(float, episode_metrics(ToolWorld(), traj))
     assert metrics["collapse_rate"] == pytest.approx(0.5)  # episodes 1 and 2 make no call
     assert metrics["success"] == pytest.approx(0.5)
     assert metrics["turns"] == pytest.approx((3 + 2 + 1 + 3) / 4)

@@ -3,9 +3,9 @@
 import jax
 import pytest
 
-from rlagent.envs import ToolWorld
-from rlagent.envs import ToolWorldConfig
-from rlagent.envs import dsl
+from rlagent.envs.toolworld import ToolWorld
+from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.envs.toolworld import dsl
 from rlagent.models import PolicyConfig
 from rlagent.rollout import RolloutConfig
 from rlagent.train import TrainConfig

@@ -25,8 +25,8 @@ only for every horizon (the first study: success 0.97 within them, 0.14 at h = 8
 import ml_collections
 
 from experiments.configs import sparse_vs_dense
+from rlagent.pipeline.warm_start import WarmStartConfig
 from rlagent.train.experiment import section
-from rlagent.train.warm_start import WarmStartConfig
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -47,7 +47,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.seeds = 5  # per condition and horizon, trained in parallel under vmap.
     config.first_seed = 0
     config.chunk_size = 10  # updates per jitted call between metric writes / checkpoints.
-    # Warm start (rlagent.train.warm_start): behaviour cloning of oracle episodes, per seed,
+    # Warm start (rlagent.pipeline.warm_start): behaviour cloning of oracle episodes, per seed,
     # shared by every condition of a horizon. warm_start_horizons: 'same' (each horizon
     # clones its own tasks) or fixed horizons shared by the sweep (e.g. '3,5,7').
     config.warm_start = section(WarmStartConfig, steps=200, batch_size=16)

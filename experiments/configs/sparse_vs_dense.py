@@ -10,8 +10,8 @@ field can be overridden from the command line.
 
 import ml_collections
 
-from rlagent.envs import ToolWorldConfig
-from rlagent.envs import dsl
+from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.envs.toolworld import dsl
 from rlagent.models import PolicyConfig
 from rlagent.rollout import RolloutConfig
 from rlagent.train.config import TrainConfig

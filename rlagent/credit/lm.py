@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rlagent.credit import mc
-from rlagent.envs import ToolWorld
+from rlagent.envs.base import Environment
 from rlagent.models.llama import KVCache
 from rlagent.rollout import RolloutCarry
 from rlagent.rollout import RolloutConfig
@@ -48,7 +48,7 @@ def forks_from_carries(carries: RolloutCarry) -> RolloutCarry:
 
 
 def play_policy(
-    env: ToolWorld,
+    env: Environment,
     graphdef: nnx.GraphDef,
     rollout_config: RolloutConfig,
     params: nnx.State,
@@ -57,10 +57,11 @@ def play_policy(
 ) -> mc.Play:
     """`play(carries [M], keys [M]) -> TurnSignals [M, S]`: the LM plays forks to the end.
 
-    Each fork resumes at its own turn (`carry.env_state.turn`) with the policy memory of
-    its carry, sampled as in the rollout (same `rollout_config`). Every continuation plays
-    S = env.max_turns turns; turns after the episode ended (by BYE or at max_turns, where
-    the environment truncates) are masked out, so a late fork costs as much as an early
+    Each fork resumes at its own turn (`env.episode_turn(carry.env_state)`) with the
+    policy memory of its carry, sampled as in the rollout (same `rollout_config`). Every
+    continuation plays S = env.max_turns turns; turns after the episode ended (by BYE or
+    at max_turns, where the environment truncates) are masked out, so a late fork costs as
+    much as an early
     one: O(M * S) policy turns per call.
 
     Args:
@@ -76,10 +77,12 @@ def play_policy(
         raise ValueError(f"oracle_epsilon must be in [0, 1], got {oracle_epsilon}")
     num_turns = env.max_turns
     continue_ = make_continue(env, graphdef, rollout_config)
-    oracle_play = mc.play_env_policy(env, mc.oracle(env))
+    # The oracle's play is built only when it can be drawn (an environment may have none).
+    fixed = isinstance(oracle_epsilon, int | float)
+    oracle_play = None if fixed and oracle_epsilon == 0 else mc.play_env_policy(env, mc.oracle(env))
 
     def one(carry: Any, key: jax.Array) -> mc.TurnSignals:
-        start = carry.env_state.turn
+        start = env.episode_turn(carry.env_state)
         single = jax.tree.map(_batch_of_one, carry, is_leaf=_is_cache)
         # Past max_turns the environment is absorbing and the turns are masked: running
         # S turns from any start keeps one compiled program for every fork.
@@ -89,6 +92,8 @@ def play_policy(
     def play(carries: Any, keys: jax.Array) -> mc.TurnSignals:
         signals = jax.vmap(one)(carries, keys)
         signals = jax.tree.map(lambda x: x[:, 0], signals)
+        if oracle_play is None:
+            return signals
         coin = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, mc.COIN)))(keys)
         prover = oracle_play(carries.env_state, keys)
         use = coin < oracle_epsilon

@@ -47,20 +47,22 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from rlagent.envs import State
-from rlagent.envs import StepType
-from rlagent.envs import TimeStep
-from rlagent.envs import ToolWorld
-from rlagent.envs import oracle_policy
-from rlagent.envs import random_policy
+from rlagent.envs.base import Environment
+from rlagent.envs.base import random_action
+from rlagent.envs.base import require_oracle
+from rlagent.envs.base import terminated
+from rlagent.envs.base import turn_signals
+from rlagent.envs.base import turn_success
 from rlagent.train.config import TrainConfig
 from rlagent.train.rewards import COMPONENTS
 from rlagent.train.rewards import turn_rewards
 from rlagent.types import Trajectory
+from rlagent.types import episode_success
 
 # (state, episode_key, turn_key) -> action [L] int32: an environment-level policy. The
 # episode key is fixed over one continuation, the turn key is fresh every turn.
-EnvPolicy = Callable[[State, jax.Array, jax.Array], jax.Array]
+EnvPolicy = Callable[[Any, jax.Array, jax.Array], jax.Array]
+State = Any  # an environment's state pytree
 # (fork carries [M], keys [M]) -> TurnSignals [M, S]: plays the M forked episodes to their
 # end and reports the signals of the turns it played at their absolute turn index.
 Play = Callable[[Any, jax.Array], "TurnSignals"]
@@ -70,13 +72,11 @@ COIN = 0xC011
 
 
 class TurnSignals(NamedTuple):
-    """Per-turn environment signals, everything `rewards.reward_components` reads."""
+    """The per-turn part of a `Trajectory`: everything `rewards.reward_components` reads."""
 
     turn_mask: jax.Array  # [..., S] bool: turn s was played.
-    outcome: jax.Array  # [..., S] float32: 1 on the final turn of a solved episode.
-    verdict: jax.Array  # [..., S] float32: oracle process verdict (+1 / 0 / -1).
-    efficiency: jax.Array  # [..., S] float32: -1 on turns past the shortest plan.
-    violations: jax.Array  # [..., S] int32: guardrail rules broken by the turn.
+    signals: dict[str, jax.Array]  # {name: [..., S] float32}: env.signal_names.
+    success: jax.Array  # [..., S] bool: the environment's success flag.
     done: jax.Array  # [..., S] bool: the episode terminated at turn s.
 
 
@@ -100,42 +100,34 @@ class MCValues(NamedTuple):
 def trajectory_signals(trajectory: Trajectory) -> TurnSignals:
     """The `[B, S]` signals of a rollout's trajectory."""
     return TurnSignals(
-        turn_mask=trajectory.turn_mask,
-        outcome=trajectory.outcome,
-        verdict=trajectory.verdict,
-        efficiency=trajectory.efficiency,
-        violations=trajectory.violations,
-        done=trajectory.done,
+        trajectory.turn_mask, trajectory.signals, trajectory.success, trajectory.done
     )
 
 
-def timestep_signals(timestep: TimeStep, played: jax.Array) -> TurnSignals:
+def timestep_signals(env: Environment, timestep: Any, played: jax.Array) -> TurnSignals:
     """Signals of one environment step, zero where not `played`."""
-    signals = timestep.signals
     return TurnSignals(
         turn_mask=played,
-        outcome=jnp.where(played, signals.outcome.astype(jnp.float32), 0.0),
-        verdict=jnp.where(played, signals.verdict.astype(jnp.float32), 0.0),
-        efficiency=jnp.where(played, signals.efficiency.astype(jnp.float32), 0.0),
-        violations=jnp.where(played, signals.violations.astype(jnp.int32), 0),
-        done=played & (timestep.step_type == StepType.LAST) & (timestep.discount == 0),
+        signals=turn_signals(env, timestep, played),
+        success=turn_success(timestep, played),
+        done=played & terminated(timestep),
     )
 
 
 # Continuation policies on the environment state ------------------------------------------
 
 
-def oracle(env: ToolWorld) -> EnvPolicy:
-    """The shortest correct plan from the current state (deterministic)."""
-    return lambda state, episode_key, turn_key: oracle_policy(env, state)
+def oracle(env: Environment) -> EnvPolicy:
+    """The environment's oracle (`env.oracle_action`, e.g. ToolWorld's shortest correct
+    plan); refused for an environment without one."""
+    require_oracle(env, "oracle continuations")
+    return lambda state, episode_key, turn_key: env.oracle_action(state)
 
 
-def uniform_random(env: ToolWorld) -> EnvPolicy:
-    """A grammatical turn sampled token by token, uniformly over the allowed tokens.
-
-    With the env's guardrail in mask mode, the allowed tokens keep the rules too.
-    """
-    return lambda state, episode_key, turn_key: random_policy(env, state, turn_key)
+def uniform_random(env: Environment) -> EnvPolicy:
+    """A turn sampled token by token, uniformly over the environment's allowed tokens
+    (ToolWorld: grammatical; with its guardrail in mask mode, keeping the rules too)."""
+    return lambda state, episode_key, turn_key: random_action(env, state, turn_key)
 
 
 def mixture(policy: EnvPolicy, prover: EnvPolicy, epsilon: float, per: str = "turn") -> EnvPolicy:
@@ -168,7 +160,7 @@ def mixture(policy: EnvPolicy, prover: EnvPolicy, epsilon: float, per: str = "tu
 # Forks and continuations of environment-level policies ----------------------------------
 
 
-def replay_states(env: ToolWorld, env_keys: jax.Array, actions: jax.Array) -> State:
+def replay_states(env: Environment, env_keys: jax.Array, actions: jax.Array) -> State:
     """Environment states at the start of every turn, by replaying the played actions.
 
     The environment is deterministic given its reset key, so `reset(env_keys)` followed by
@@ -201,7 +193,7 @@ class EnvEpisodes(NamedTuple):
 
 
 def rollout_env_policy(
-    env: ToolWorld, policy: EnvPolicy, env_keys: jax.Array, keys: jax.Array
+    env: Environment, policy: EnvPolicy, env_keys: jax.Array, keys: jax.Array
 ) -> EnvEpisodes:
     """Plays B episodes of `policy` for max_turns turns (absorbing after the end).
 
@@ -214,18 +206,18 @@ def rollout_env_policy(
     state, _ = jax.vmap(env.reset)(env_keys)
 
     def turn(state, _):
-        played = ~(state.terminated | state.truncated)
-        turn_keys = jax.vmap(jax.random.fold_in)(keys, state.turn)
+        played = ~jax.vmap(env.episode_over)(state)
+        turn_keys = jax.vmap(jax.random.fold_in)(keys, jax.vmap(env.episode_turn)(state))
         action = jax.vmap(policy)(state, keys, turn_keys)
         next_state, timestep = jax.vmap(env.step)(state, action)
-        return next_state, (state, action, timestep_signals(timestep, played))
+        return next_state, (state, action, timestep_signals(env, timestep, played))
 
     _, out = jax.lax.scan(turn, state, None, length=env.max_turns)
     return EnvEpisodes(*jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), out))
 
 
 def sample_env_episodes(
-    env: ToolWorld, policy: EnvPolicy, key: jax.Array, num_episodes: int
+    env: Environment, policy: EnvPolicy, key: jax.Array, num_episodes: int
 ) -> EnvEpisodes:
     """`num_episodes` fresh episodes of `policy` (`rollout_env_policy`), their reset and
     policy keys split from `key`."""
@@ -238,7 +230,33 @@ def sample_env_episodes(
     )
 
 
-def play_env_policy(env: ToolWorld, policy: EnvPolicy) -> Play:
+def env_trajectory(env: Environment, episodes: EnvEpisodes) -> Trajectory:
+    """The `Trajectory` of environment-level episodes (`rollout_env_policy`) for the
+    trainer's estimators: generated tokens up to END, log-probs and values 0; the
+    observations and markers are those the states hold (`env.observe(state)`)."""
+    actions = episodes.actions
+    signals = episodes.signals
+    is_end = actions == env.token_spec.end
+    action_mask = (jnp.cumsum(is_end, axis=-1) - is_end) == 0  # tokens up to END
+    observation = jax.vmap(jax.vmap(env.observe))(episodes.states)
+    last = signals.turn_mask & ~jnp.pad(signals.turn_mask[:, 1:], ((0, 0), (0, 1)))
+    return Trajectory(
+        obs_tokens=observation.tokens,
+        progress=observation.progress,
+        action_tokens=actions,
+        action_mask=action_mask,
+        logp=jnp.zeros(actions.shape, jnp.float32),
+        values=jnp.zeros(actions.shape, jnp.float32),
+        turn_mask=signals.turn_mask,
+        signals=signals.signals,
+        success=signals.success,
+        # Time-outs end the return as terminations do (training's bootstrap_truncated=False).
+        done=last,
+        bootstrap_value=jnp.zeros(actions.shape[:1], jnp.float32),
+    )
+
+
+def play_env_policy(env: Environment, policy: EnvPolicy) -> Play:
     """`play(states [M], keys [M]) -> TurnSignals [M, S]` for an environment-level policy.
 
     Plays every forked episode from its state until it terminates or reaches max_turns
@@ -248,21 +266,23 @@ def play_env_policy(env: ToolWorld, policy: EnvPolicy) -> Play:
     num_turns = env.max_turns
     step = jax.vmap(env.step)
     act = jax.vmap(policy)
+    turn_of = jax.vmap(env.episode_turn)
 
     def play(states: State, keys: jax.Array) -> TurnSignals:
         size = keys.shape[0]
-        signals = _no_turns(size, num_turns)
+        signals = _no_turns(env.signal_names, size, num_turns)
 
         def running(states):
-            return ~(states.terminated | states.truncated)
+            return ~jax.vmap(env.episode_over)(states)
 
         def body(loop):
             states, signals = loop
             played = running(states)
-            turn_keys = jax.vmap(jax.random.fold_in)(keys, states.turn)
+            turns = turn_of(states)
+            turn_keys = jax.vmap(jax.random.fold_in)(keys, turns)
             next_states, timestep = step(states, act(states, keys, turn_keys))
-            column = jnp.clip(states.turn, 0, num_turns - 1)
-            new = timestep_signals(timestep, played)
+            column = jnp.clip(turns, 0, num_turns - 1)
+            new = timestep_signals(env, timestep, played)
             rows = jnp.arange(size)
             signals = jax.tree.map(
                 lambda old, x: old.at[rows, column].set(jnp.where(played, x, old[rows, column])),
@@ -359,7 +379,7 @@ def mc_values(
         played = jax.lax.cond(
             erun.any(),
             lambda: play(carries, flat_keys),
-            lambda: _no_turns(erun.shape[0], num_turns),
+            lambda: _no_turns(prefix.signals, erun.shape[0], num_turns),
         )
         after = (jnp.arange(num_turns)[None, :] >= ef[:, None]) & erun[:, None]
         before = jnp.arange(num_turns)[None, :] < ef[:, None]
@@ -369,7 +389,7 @@ def mc_values(
             played,
         )
         returns = jax.vmap(lambda w: _returns_from(episode, er, w, config))(forms)  # [R, M]
-        success = jnp.any((episode.outcome > 0) & episode.turn_mask, axis=1)
+        success = episode_success(episode.success, episode.turn_mask)
         shape = (per_chunk, num_samples)
         # The padding repeats the last evaluation: only a chunk's distinct ones count.
         distinct = (chunk_evals != jnp.roll(chunk_evals, 1)).at[0].set(True)
@@ -414,16 +434,11 @@ def mc_values(
     )
 
 
-def _no_turns(size: int, num_turns: int) -> TurnSignals:
+def _no_turns(names: Any, size: int, num_turns: int) -> TurnSignals:
+    """No turn played: `[size, num_turns]` signals of `names` (or of a TurnSignals's)."""
     zeros = jnp.zeros((size, num_turns), jnp.float32)
-    return TurnSignals(
-        jnp.zeros((size, num_turns), bool),
-        zeros,
-        zeros,
-        zeros,
-        zeros.astype(jnp.int32),
-        jnp.zeros((size, num_turns), bool),
-    )
+    never = jnp.zeros((size, num_turns), bool)
+    return TurnSignals(never, {name: zeros for name in names}, never, never)
 
 
 def _returns_from(

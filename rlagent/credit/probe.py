@@ -16,8 +16,6 @@ vmap over runs and then runs both branches, i.e. the Monte-Carlo cost on every u
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -26,22 +24,25 @@ from flax import nnx
 from rlagent.credit import accuracy
 from rlagent.credit import lm
 from rlagent.credit import mc
-from rlagent.envs import ToolWorld
+from rlagent.envs.base import Environment
+from rlagent.envs.base import verdict_of
 from rlagent.rollout import RolloutConfig
 from rlagent.rollout import make_rollout
 from rlagent.train.config import TrainConfig
-from rlagent.types import Trajectory
+from rlagent.train.extras import CreditProbe
 
 
-class CreditProbe(NamedTuple):
-    rollout: Callable[..., tuple[Trajectory, Any]]  # make_rollout(..., with_carries=True)
-    # measure(params, carries, trajectory, advantages [B,S,L], reward_weights [C], key)
-    measure: Callable[..., dict[str, jax.Array]]
-    skipped: Callable[[], dict[str, jax.Array]]  # the same metrics, NaN (updates not measured)
+def probe_factory(
+    env: Environment, rollout_config: RolloutConfig, config: TrainConfig
+) -> Callable[[nnx.GraphDef], CreditProbe]:
+    """`make_train(credit_probe=)` for `config.credit_every > 0` (None when it is 0)."""
+    if not config.credit_every:
+        return None
+    return lambda graphdef: make_credit_probe(env, graphdef, rollout_config, config)
 
 
 def make_credit_probe(
-    env: ToolWorld, graphdef: nnx.GraphDef, rollout_config: RolloutConfig, config: TrainConfig
+    env: Environment, graphdef: nnx.GraphDef, rollout_config: RolloutConfig, config: TrainConfig
 ) -> CreditProbe:
     """The rollout that keeps its carries, and the periodic credit measurement."""
     episodes = config.credit_episodes
@@ -67,7 +68,7 @@ def make_credit_probe(
             values.advantage,
             values.advantage_se,
             prefix.turn_mask,
-            prefix.verdict,
+            verdict_of(prefix),
         )
         return _named(scores)
 

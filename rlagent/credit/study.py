@@ -41,25 +41,27 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from rlagent.analysis import stats
+from rlagent.analysis.stats import format_mean_ci
 from rlagent.credit import accuracy
 from rlagent.credit import lm
 from rlagent.credit import mc
-from rlagent.envs import ToolWorld
-from rlagent.envs import dsl
-from rlagent.envs import horizon_config
+from rlagent.envs.base import verdict_of
+from rlagent.envs.toolworld import ToolWorld
+from rlagent.envs.toolworld import dsl
+from rlagent.envs.toolworld import horizon_config
+from rlagent.host import provenance
+from rlagent.host.extras import trainer_extras
+from rlagent.host.writers import MetricWriter
 from rlagent.models import Policy
 from rlagent.models import PolicyConfig
 from rlagent.rollout import RolloutConfig
 from rlagent.rollout import make_rollout
 from rlagent.train import make_train
-from rlagent.train import provenance
-from rlagent.train import stats
 from rlagent.train.config import TrainConfig
 from rlagent.train.experiment import names
 from rlagent.train.rewards import reward_weights
 from rlagent.train.rewards import turn_rewards
-from rlagent.train.stats import format_mean_ci
-from rlagent.train.writers import MetricWriter
 from rlagent.types import Trajectory
 
 METRICS = tuple(accuracy.CreditAccuracy._fields)
@@ -148,7 +150,7 @@ def make_measure(env: ToolWorld, name: str, base: TrainConfig, config) -> Callab
     def env_episodes(params, env_keys, policy_keys):
         del params
         played = mc.rollout_env_policy(env, policy, env_keys, policy_keys)
-        return env_trajectory(played), played.states, play
+        return mc.env_trajectory(env, played), played.states, play
 
     measure = _measure_fn(env_episodes, base, _Sampling.of(config))
     return lambda key, weights: measure(None, key, weights)
@@ -216,7 +218,7 @@ def _measure_fn(episodes: Callable, base: TrainConfig, sampling: _Sampling) -> C
         )
         target = estimate(mc_key, num_samples=sampling.num_samples)
         critic = estimate(critic_key, num_samples=sampling.critic_samples)
-        success = jnp.mean(jnp.sum(trajectory.outcome, axis=1) > 0)
+        success = jnp.mean(trajectory.episode_success)
         turns = jnp.mean(jnp.sum(trajectory.turn_mask, axis=1))
         return _Batch(trajectory, critic.value, target, success, turns)
 
@@ -252,38 +254,17 @@ def checkpoint(env: ToolWorld, setup: LMSetup, config, num_updates: int):
     `config.ppo` holds the TrainConfig fields of the run, `config.first_seed` its seed.
     """
     train_config = TrainConfig.from_mapping({**config.ppo, "num_updates": max(num_updates, 1)})
-    trainer = make_train(train_config, env, setup.policy_config, setup.rollout_config)
+    trainer = make_train(
+        train_config,
+        env,
+        setup.policy_config,
+        setup.rollout_config,
+        **trainer_extras(train_config, env, setup.rollout_config),
+    )
     state = trainer.init(jax.random.key(config.first_seed))
     if num_updates:
         state, _ = jax.jit(trainer.train)(jax.random.key(config.first_seed))
     return state.params
-
-
-def env_trajectory(episodes: mc.EnvEpisodes) -> Trajectory:
-    """The `Trajectory` of environment-level episodes (`rollout_env_policy`) for the
-    trainer's estimators: generated tokens up to END, log-probs and values 0."""
-    actions = episodes.actions
-    signals = episodes.signals
-    is_end = actions == dsl.END
-    action_mask = (jnp.cumsum(is_end, axis=-1) - is_end) == 0  # tokens up to END
-    states = episodes.states
-    last = signals.turn_mask & ~jnp.pad(signals.turn_mask[:, 1:], ((0, 0), (0, 1)))
-    return Trajectory(
-        obs_tokens=states.obs,
-        progress=states.progress,
-        action_tokens=actions,
-        action_mask=action_mask,
-        logp=jnp.zeros(actions.shape, jnp.float32),
-        values=jnp.zeros(actions.shape, jnp.float32),
-        turn_mask=signals.turn_mask,
-        outcome=signals.outcome,
-        verdict=signals.verdict,
-        efficiency=signals.efficiency,
-        violations=signals.violations,
-        # Time-outs end the return as terminations do (training's bootstrap_truncated=False).
-        done=last,
-        bootstrap_value=jnp.zeros(actions.shape[:1], jnp.float32),
-    )
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -292,7 +273,9 @@ def _score_jit(est_config, trajectory, values, rewards, advantage, advantage_se)
     played = trajectory.loss_mask
     trajectory = trajectory._replace(values=jnp.where(played, values[..., None], 0.0))
     credit = accuracy.estimator_credit(trajectory, rewards, est_config)
-    return accuracy.credit_accuracy(credit, advantage, advantage_se, turn_mask, trajectory.verdict)
+    return accuracy.credit_accuracy(
+        credit, advantage, advantage_se, turn_mask, verdict_of(trajectory)
+    )
 
 
 def _score(est_config: TrainConfig, batch: _Batch, r: int, weights) -> accuracy.CreditAccuracy:

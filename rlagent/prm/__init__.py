@@ -11,6 +11,7 @@ from rlagent.prm.base import PRMInputs
 from rlagent.prm.base import PRMState
 from rlagent.prm.base import ProcessRewardModel
 from rlagent.prm.factory import make_prm
+from rlagent.prm.factory import prm_factory
 from rlagent.prm.implicit import make_implicit_prm
 from rlagent.prm.labels import completion_labels
 from rlagent.prm.labels import label_quality
@@ -25,5 +26,6 @@ __all__ = [
     "label_quality",
     "make_implicit_prm",
     "make_prm",
+    "prm_factory",
     "progress_labels",
 ]

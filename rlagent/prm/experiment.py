@@ -29,15 +29,15 @@ import jax
 import ml_collections
 import numpy as np
 
-from rlagent.envs import ToolWorld
-from rlagent.envs import horizon_config
+from rlagent.analysis import report
+from rlagent.analysis import stats
+from rlagent.analysis.stats import format_mean_ci
+from rlagent.envs.toolworld import ToolWorld
+from rlagent.envs.toolworld import horizon_config
+from rlagent.host import provenance
+from rlagent.host.writers import MetricWriter
 from rlagent.prm import study
 from rlagent.train import experiment
-from rlagent.train import provenance
-from rlagent.train import report
-from rlagent.train import stats
-from rlagent.train.stats import format_mean_ci
-from rlagent.train.writers import MetricWriter
 
 # Per-seed means over the final updates, per learned condition (the hacking table).
 HACKING_METRICS = ("success", "turns", "turns_over_plan", "collapse_rate", "prm_auroc")

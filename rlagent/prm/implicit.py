@@ -37,6 +37,7 @@ from flax import nnx
 
 from rlagent import losses
 from rlagent.credit import accuracy  # a module: credit -> train -> ppo -> prm imports it
+from rlagent.envs.base import verdict_of
 from rlagent.prm.base import PRMInputs
 from rlagent.prm.base import PRMState
 from rlagent.prm.base import ProcessRewardModel
@@ -98,7 +99,7 @@ def make_implicit_prm(
         del key  # one full-batch step.
         traj = inputs.trajectory
         ref_logp = reference_logp(inputs)
-        success = jnp.any((traj.outcome > 0) & traj.turn_mask, axis=1)
+        success = traj.episode_success
         labels = success[:, None].astype(jnp.float32)  # [B, 1]: one outcome per episode.
         every_episode = jnp.ones_like(success)[:, None]
 
@@ -113,7 +114,7 @@ def make_implicit_prm(
             "label_turns": jnp.zeros((), jnp.float32),
             "prm_loss": loss,
             "prm_auroc": accuracy.verdict_auroc(
-                _probabilities(returns, traj.turn_mask), traj.turn_mask, traj.verdict
+                _probabilities(returns, traj.turn_mask), traj.turn_mask, verdict_of(traj)
             ),
             "label_auroc": jnp.full((), jnp.nan, jnp.float32),
         }

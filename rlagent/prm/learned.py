@@ -56,6 +56,7 @@ from rlagent import losses
 from rlagent.credit import accuracy
 from rlagent.credit import lm
 from rlagent.credit import mc
+from rlagent.envs.base import verdict_of
 from rlagent.prm import labels
 from rlagent.prm.base import PRMInputs
 from rlagent.prm.base import PRMState
@@ -94,9 +95,9 @@ def make_noisy_oracle(config: TrainConfig) -> ProcessRewardModel:
     def scores(state: PRMState, inputs: PRMInputs, key: jax.Array) -> jax.Array:
         del state
         traj = inputs.trajectory
-        flip = jax.random.bernoulli(key, noise, traj.verdict.shape)
-        label = ((traj.verdict > 0) ^ flip).astype(jnp.float32)
-        score = jnp.where(traj.verdict == 0, 0.5, label)
+        flip = jax.random.bernoulli(key, noise, verdict_of(traj).shape)
+        label = ((verdict_of(traj) > 0) ^ flip).astype(jnp.float32)
+        score = jnp.where(verdict_of(traj) == 0, 0.5, label)
         return jnp.where(traj.turn_mask, score, 0.0)
 
     def update(state: PRMState, inputs: PRMInputs, key: jax.Array) -> tuple[PRMState, Metrics]:
@@ -106,7 +107,7 @@ def make_noisy_oracle(config: TrainConfig) -> ProcessRewardModel:
         return state, {
             "label_turns": jnp.zeros((), jnp.float32),
             "prm_loss": nan,
-            "prm_auroc": accuracy.verdict_auroc(inputs.scores, traj.turn_mask, traj.verdict),
+            "prm_auroc": accuracy.verdict_auroc(inputs.scores, traj.turn_mask, verdict_of(traj)),
             "label_auroc": nan,
         }
 
@@ -198,9 +199,9 @@ def make_learned_prm(
             "label_turns": values.turns,
             "prm_loss": loss,
             "prm_auroc": accuracy.verdict_auroc(
-                inputs.scores, traj.turn_mask & held_out[:, None], traj.verdict
+                inputs.scores, traj.turn_mask & held_out[:, None], verdict_of(traj)
             ),
-            "label_auroc": accuracy.verdict_auroc(targets, prefix.turn_mask, prefix.verdict),
+            "label_auroc": accuracy.verdict_auroc(targets, prefix.turn_mask, verdict_of(prefix)),
         }
 
     return ProcessRewardModel(init=init, scores=scores, update=update, needs_carries=True)

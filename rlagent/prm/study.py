@@ -51,18 +51,19 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from rlagent.analysis import stats
+from rlagent.analysis.stats import format_mean_ci
 from rlagent.credit import lm
 from rlagent.credit import mc
 from rlagent.credit import study as credit_study
-from rlagent.envs import ToolWorld
+from rlagent.envs.base import verdict_of
+from rlagent.envs.toolworld import ToolWorld
+from rlagent.host.writers import MetricWriter
 from rlagent.prm import labels
 from rlagent.rollout import make_rollout
-from rlagent.train import stats
 from rlagent.train.config import TrainConfig
 from rlagent.train.experiment import names
 from rlagent.train.rewards import reward_weights
-from rlagent.train.stats import format_mean_ci
-from rlagent.train.writers import MetricWriter
 from rlagent.types import Trajectory
 
 # (labeller, label form) of every row, in table order.
@@ -199,7 +200,7 @@ def _env_episodes(env: ToolWorld, name: str) -> Callable:
     @functools.partial(jax.jit, static_argnums=1)
     def episodes(key, num_episodes):
         played = mc.sample_env_episodes(env, policy, key, num_episodes)
-        return credit_study.env_trajectory(played), played.states
+        return mc.env_trajectory(env, played), played.states
 
     return episodes
 
@@ -274,9 +275,9 @@ def quality_rows(
 ) -> list[dict[str, Any]]:
     """Rows of every labeller x N in `samples` from a completer's `Sweep`; `label_turns`
     is the `MCValues.turns` of the N estimates a label averages."""
-    turn_mask, verdict = trajectory.turn_mask, trajectory.verdict
+    turn_mask, verdict = trajectory.turn_mask, verdict_of(trajectory)
     played = float(jnp.sum(turn_mask))
-    success = float(jnp.mean(jnp.sum(trajectory.outcome, axis=1) > 0))
+    success = float(jnp.mean(trajectory.episode_success))
     rows = []
     for n in samples:
         completion = first_samples(sweep.completion, n)

@@ -143,10 +143,9 @@ class TrainConfig:
         self._check_prm()
 
     def _check_prm(self) -> None:
-        # Imported here: rlagent.prm's labels read credit.mc, which reads this module.
-        from rlagent.prm.base import PRMS
-
-        _check_choice("prm", self.prm, PRMS)
+        # The kind's name is checked by rlagent.prm, which owns the PRMs (prm_factory).
+        if not self.prm:
+            raise ValueError("TrainConfig.prm must name a process reward model or 'none'.")
         if self.reward in LEARNED_REWARDS and self.prm == "none":
             raise ValueError(
                 f"TrainConfig.prm must name a process reward model for reward={self.reward!r}, "

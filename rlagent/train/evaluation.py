@@ -73,7 +73,7 @@ def make_evaluate(
     def evaluate(params: nnx.State) -> dict[str, jax.Array]:
         out = {}
         for name, rollout in passes.items():
-            metrics = episode_metrics(rollout(params, env_keys, policy_keys))
+            metrics = episode_metrics(env, rollout(params, env_keys, policy_keys))
             for key in EVAL_METRICS:
                 if key in metrics:
                     out[f"eval_{name}_{key}"] = jnp.asarray(metrics[key], jnp.float32)

@@ -19,18 +19,18 @@ import jax
 import ml_collections
 from ml_collections import config_dict
 
-from rlagent.envs import ToolWorld
-from rlagent.envs import ToolWorldConfig
-from rlagent.envs import dsl
+from rlagent.analysis import report
+from rlagent.envs.toolworld import ToolWorld
+from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.envs.toolworld import dsl
+from rlagent.host import loop
+from rlagent.host import provenance
+from rlagent.host.writers import MetricWriter
 from rlagent.models import PolicyConfig
 from rlagent.rollout import RolloutConfig
-from rlagent.train import loop
-from rlagent.train import provenance
-from rlagent.train import report
 from rlagent.train.config import LEARNED_REWARDS
 from rlagent.train.config import REWARDS
 from rlagent.train.config import TrainConfig
-from rlagent.train.writers import MetricWriter
 
 
 class Setup(NamedTuple):
@@ -169,7 +169,7 @@ def run_and_report(
     """Trains every run (seeds in parallel), then writes metrics.csv, curves.png, summary.*.
 
     A workdir that holds anything is refused unless `resume` (continue every run, see
-    `rlagent.train.loop`) or `overwrite` (start clean) is set. A run that diverges is
+    `rlagent.host.loop`) or `overwrite` (start clean) is set. A run that diverges is
     reported (marked in the summary) and `loop.Diverged` is raised after the report.
     `experience` is the x-axis of curves and budgets (`report.summarize`); with
     `report.TOTAL_TURNS` the rows gain it (`report.with_total_turns`: labels' turns count).

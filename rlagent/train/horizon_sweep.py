@@ -8,7 +8,7 @@ of `config.estimators` (one compiled program per estimator and process reward mo
 reward forms being data). Conditions are reward forms, or learned reward forms with their
 PRM (`form/prm=<kind>`, `experiment.prm_groups`); labels are `condition/estimator`.
 Every condition of a horizon starts from the same policy per seed: fresh, or
-warm-started by behaviour cloning of oracle demonstrations (`rlagent.train.warm_start`,
+warm-started by behaviour cloning of oracle demonstrations (`rlagent.pipeline.warm_start`,
 when `config.warm_start.steps > 0`) of the tasks of `config.warm_start_horizons`: fixed
 horizons shared by the whole sweep (e.g. short ones: the distance from the
 demonstrations then grows with the horizon), or `same` (each horizon clones its own
@@ -35,21 +35,22 @@ import jax
 import ml_collections
 import numpy as np
 
+from rlagent.analysis import report
+from rlagent.analysis import stats
 from rlagent.credit.study import estimator_config
-from rlagent.envs import ToolWorld
-from rlagent.envs import horizon_config
+from rlagent.envs.toolworld import ToolWorld
+from rlagent.envs.toolworld import horizon_config
+from rlagent.host import loop
+from rlagent.host import provenance
+from rlagent.host.extras import trainer_extras
+from rlagent.host.writers import MetricWriter
+from rlagent.pipeline.warm_start import WarmStartConfig
+from rlagent.pipeline.warm_start import make_warm_start
 from rlagent.train import experiment
-from rlagent.train import loop
-from rlagent.train import provenance
-from rlagent.train import report
-from rlagent.train import stats
 from rlagent.train.config import TrainConfig
 from rlagent.train.experiment import Run
 from rlagent.train.experiment import names
 from rlagent.train.ppo import make_train
-from rlagent.train.warm_start import WarmStartConfig
-from rlagent.train.warm_start import make_warm_start
-from rlagent.train.writers import MetricWriter
 
 FILES = ("horizon.csv", "horizon.png", "summary.md", "summary.json", provenance.FILENAME)
 # Credit-accuracy scores (rlagent.credit.probe) kept per seed: first and last measurement.
@@ -406,7 +407,13 @@ def _warm_start(config, first_run: Run, horizons: Sequence[int], start: float):
         return None, None
     setup = experiment.build(first_run.config)
     demos = [ToolWorld(horizon_config(h)) for h in horizons]
-    trainer = make_train(setup.train_config, setup.env, setup.policy_config, setup.rollout_config)
+    trainer = make_train(
+        setup.train_config,
+        setup.env,
+        setup.policy_config,
+        setup.rollout_config,
+        **trainer_extras(setup.train_config, setup.env, setup.rollout_config),
+    )
     clone = make_warm_start(warm, demos, trainer.graphdef, setup.rollout_config)
     keys = jax.numpy.stack(
         [jax.random.PRNGKey(s) for s in range(config.first_seed, config.first_seed + config.seeds)]

@@ -25,13 +25,8 @@ import optax
 from flax import nnx
 
 from rlagent import losses
-from rlagent.credit.probe import make_credit_probe
-from rlagent.envs import dsl
 from rlagent.models import Policy
 from rlagent.models import PolicyConfig
-from rlagent.prm.base import PRMInputs
-from rlagent.prm.base import PRMState
-from rlagent.prm.base import ProcessRewardModel
 from rlagent.rollout import RolloutConfig
 from rlagent.rollout import TokenScores
 from rlagent.rollout import make_rollout
@@ -39,7 +34,13 @@ from rlagent.rollout import make_score
 from rlagent.rollout import make_score_sum
 from rlagent.train.config import TrainConfig
 from rlagent.train.estimators import estimate_advantages
+from rlagent.train.extras import PRMFactory
+from rlagent.train.extras import PRMInputs
+from rlagent.train.extras import PRMState
+from rlagent.train.extras import ProbeFactory
+from rlagent.train.extras import ProcessRewardModel
 from rlagent.train.rewards import ReturnStats
+from rlagent.train.rewards import check_reward
 from rlagent.train.rewards import reward_weights
 from rlagent.train.rewards import scale_rewards
 from rlagent.train.rewards import turn_rewards
@@ -93,28 +94,31 @@ def make_train(
     policy_config: PolicyConfig,
     rollout_config: RolloutConfig,
     *,
+    prm: PRMFactory | None = None,
+    credit_probe: ProbeFactory | None = None,
     mesh: jax.sharding.Mesh | None = None,
     data_axis: str = "data",
 ) -> Trainer:
     """Builds the pure PPO training functions for `env` and a `Policy(policy_config)`.
+
+    The extras are passed in, built by their own packages as factories of the policy's
+    graph definition: `prm` (`config.prm != "none"`: its scores feed the `learned_*`
+    reward forms; `rlagent.prm.prm_factory`) and `credit_probe` (`config.credit_every >
+    0`; `rlagent.credit.probe.probe_factory`). A config that asks for one without it, or
+    an extra the config does not ask for, is refused.
 
     Longer than most functions here on purpose: `init`, `update` and `train` are closures
     over the same rollout, score and optimiser, and `update` reads top-down as one PPO
     iteration (rollout, rewards, KL, advantages, optimisation, metrics); the loss and the
     minibatch loop live in `_ppo_loss` and `_optimise`.
     """
-    abstract = nnx.eval_shape(lambda: Policy(policy_config, rngs=nnx.Rngs(0)))
-    graphdef, _ = nnx.split(abstract)
+    _check_extras(config, prm, credit_probe)
+    graphdef = policy_graphdef(policy_config)
     rollout = make_rollout(env, graphdef, rollout_config)
     score = make_score(env, graphdef, rollout_config)
     score_sum = make_score_sum(env, graphdef, rollout_config, _token_loss(config))
-    probe = (
-        make_credit_probe(env, graphdef, rollout_config, config) if config.credit_every else None
-    )
-    # Imported here: the PRMs read rlagent.credit, whose modules import rlagent.train.
-    from rlagent.prm import make_prm
-
-    prm = None if config.prm == "none" else make_prm(config, env, graphdef, rollout_config)
+    probe = None if credit_probe is None else credit_probe(graphdef)
+    prm = None if prm is None else prm(graphdef)
     # One rollout that keeps its carries serves the credit probe and the PRM's labels.
     if probe is not None:
         carry_rollout = probe.rollout
@@ -128,6 +132,7 @@ def make_train(
     # reads it (then `kl_to_ref` and `kl_loss` are not measured and not reported).
     needs_ref = _needs_reference(config)
     default_weights = reward_weights(config)
+    check_reward(env, default_weights, f"TrainConfig.reward={config.reward!r}")
 
     shard = _sharder(mesh, data_axis)
 
@@ -200,7 +205,7 @@ def make_train(
         kl_now = jnp.sum(kl_tokens) / jnp.maximum(jnp.sum(loss_mask), 1)
         kl_coef = _adapt_kl_coef(state.kl_coef, kl_now, config)
         metrics = {
-            **episode_metrics(trajectory),
+            **episode_metrics(env, trajectory),
             **stats,
             **prm_metrics,
             "kl_coef": state.kl_coef,
@@ -239,6 +244,27 @@ def make_train(
     return Trainer(
         init=init, update=update, updates=updates, train=train, rollout=rollout, graphdef=graphdef
     )
+
+
+def policy_graphdef(policy_config: PolicyConfig) -> nnx.GraphDef:
+    """The graph definition of `Policy(policy_config)` (no parameters are allocated)."""
+    abstract = nnx.eval_shape(lambda: Policy(policy_config, rngs=nnx.Rngs(0)))
+    graphdef, _ = nnx.split(abstract)
+    return graphdef
+
+
+def _check_extras(config: TrainConfig, prm: Any, credit_probe: Any) -> None:
+    """The extras passed match what the config asks for (the trainer builds none)."""
+    if (config.prm != "none") != (prm is not None):
+        raise ValueError(
+            f"TrainConfig.prm={config.prm!r} needs make_train(prm=) to be "
+            + ("a PRM factory (rlagent.prm.prm_factory)" if prm is None else "None")
+        )
+    if bool(config.credit_every) != (credit_probe is not None):
+        raise ValueError(
+            f"TrainConfig.credit_every={config.credit_every} needs make_train(credit_probe=) "
+            + ("(rlagent.credit.probe.probe_factory)" if credit_probe is None else "to be None")
+        )
 
 
 def _scan_updates(update, state, length: int, first_step: int, credit_every: int):
@@ -457,26 +483,17 @@ def _needs_reference(config: TrainConfig) -> bool:
     return config.kl_placement != "none" and (config.kl_coef != 0 or config.kl_target is not None)
 
 
-def episode_metrics(trajectory: Trajectory) -> Metrics:
-    """Per-iteration means over the batch of episodes, all float32 scalars.
-
-    `collapse_rate` is the fraction of episodes without a single tool call (no turn
-    starting with CALL): a policy that gives up makes no calls, so it breaks no rule and is
-    never "inefficient"; read violation and efficiency numbers next to it.
-    """
+def episode_metrics(env: Any, trajectory: Trajectory) -> Metrics:
+    """Per-iteration means over the batch of episodes, all float32 scalars: success (the
+    environment's), turns, tokens, experience (`env_turns`) and the environment's own
+    metrics of the batch's signals (`env.episode_metrics`)."""
     valid = trajectory.turn_mask.astype(jnp.float32)
     turns = jnp.sum(valid, axis=1)
     tokens = jnp.sum(trajectory.loss_mask, axis=(1, 2))
-    violations = jnp.sum(trajectory.violations * valid, axis=1)
-    calls = jnp.sum((trajectory.action_tokens[..., 0] == dsl.CALL) & trajectory.turn_mask, axis=1)
+    own = env.episode_metrics(trajectory.signals, trajectory.turn_mask, trajectory.action_tokens)
     return {
-        "collapse_rate": jnp.mean(calls == 0),
-        "success": jnp.mean(jnp.sum(trajectory.outcome * valid, axis=1) > 0),
-        "outcome": jnp.mean(jnp.sum(trajectory.outcome * valid, axis=1)),
-        "process_score": jnp.sum(trajectory.verdict * valid) / jnp.maximum(jnp.sum(valid), 1.0),
-        "turns_over_plan": jnp.mean(-jnp.sum(trajectory.efficiency * valid, axis=1)),
-        "violations": jnp.mean(violations),
-        "violation_rate": jnp.mean(violations > 0),
+        **own,
+        "success": jnp.mean(trajectory.episode_success),
         "turns": jnp.mean(turns),
         "tokens": jnp.mean(tokens.astype(jnp.float32)),
         "env_turns": jnp.sum(turns),

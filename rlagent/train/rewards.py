@@ -1,7 +1,8 @@
 """Per-turn training rewards built from a trajectory's environment signals.
 
-The environment reports, per turn, the sparse outcome, the oracle process verdict, the
-efficiency signal and guardrail violations (see `rlagent.types.Trajectory`). Which of
+The environment reports per-turn signals by name (`Trajectory.signals`; ToolWorld: the
+sparse outcome, the oracle process verdict, the efficiency signal and guardrail
+violations) and names the reward components it offers (`env.reward_components`). Which of
 them the learner sees is the experimental variable of sparse-vs-dense studies. Every
 reward form is a weighted sum of a few per-turn *components*; the weights are data (a
 `[C]` array in the runner state), so runs that differ only in their reward form share
@@ -29,24 +30,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlagent.envs.base import check_components
 from rlagent.returns import prm_rewards
 from rlagent.train.config import LEARNED_REWARDS
 from rlagent.train.config import REWARDS
 from rlagent.train.config import TrainConfig
 from rlagent.types import Trajectory
 
-# Per-turn reward components, in the order of the weight vectors.
-COMPONENTS = (
-    "outcome",
-    "process",
-    "efficiency",
-    "potential",
-    "prm_min",
-    "violations",
-    "learned_sum",
-    "learned_min",
-    "learned_potential",
-)
+# Per-turn reward components, in the order of the weight vectors, and the environment
+# signal each is built from (`Trajectory.signals`; None: a PRM's scores, any environment).
+# An environment offers a subset (`env.reward_components`); `check_reward` refuses a form
+# that weights one it lacks.
+COMPONENT_SIGNALS = {
+    "outcome": "outcome",  # the sparse outcome of the episode, on its last turn.
+    "process": "verdict",  # a per-turn process verdict (+ useful, - harmful, 0 neutral).
+    "efficiency": "efficiency",  # a per-turn efficiency signal (<= 0).
+    "potential": "verdict",  # shaping by the verdict's valid steps.
+    "prm_min": "verdict",  # the verdict's min-form credit.
+    "violations": "violations",  # rules broken by the turn (counted once per turn).
+    "learned_sum": None,
+    "learned_min": None,
+    "learned_potential": None,
+}
+COMPONENTS = tuple(COMPONENT_SIGNALS)
 
 # Potential Phi_s = POTENTIAL_SCALE * (number of valid plan steps taken before turn s):
 # one valid step is worth half the outcome, so shaping and outcome share one scale.
@@ -114,25 +120,36 @@ def reward_weights(config: TrainConfig, reward: str | None = None) -> np.ndarray
     return np.asarray([weights[name] for name in COMPONENTS], np.float32)
 
 
+def check_reward(env, weights: np.ndarray, what: str) -> None:
+    """Refuses `weights [C]` (of a reward form, `what`) that weight a component `env` lacks."""
+    check_components(env, [n for n, w in zip(COMPONENTS, weights, strict=True) if w != 0], what)
+
+
 def reward_components(
     trajectory: Trajectory, config: TrainConfig, prm_scores: jax.Array | None = None
 ) -> jax.Array:
     """`[B, S, C]` float32 per-turn components (0 on unplayed turns), C = len(COMPONENTS).
 
-    `prm_scores` `[B, S]` in [0, 1] are a PRM's scores of the turns (the learned
-    components); None (no PRM, or Monte-Carlo continuations) makes those components 0.
+    `trajectory` has `turn_mask`, `done` and `signals` (a Trajectory, or the turn signals
+    of `rlagent.credit.mc`); a component whose signal the environment does not report is 0
+    (`check_reward` refuses weighting it). `prm_scores` `[B, S]` in [0, 1] are a PRM's
+    scores of the turns (the learned components); None (no PRM, or Monte-Carlo
+    continuations) makes those components 0.
     """
     turn_mask = trajectory.turn_mask
     valid = turn_mask.astype(jnp.float32)
-    verdict = trajectory.verdict * valid
+    zeros = jnp.zeros_like(valid)
+    names = {name for name in COMPONENT_SIGNALS.values() if name is not None}
+    signal = {name: trajectory.signals.get(name, zeros) for name in names}
+    verdict = signal["verdict"] * valid
     truncated = turn_mask[:, -1] & ~trajectory.done[:, -1]
     components = (
-        trajectory.outcome,
+        signal["outcome"],
         verdict,
-        trajectory.efficiency,
+        signal["efficiency"],
         _potential_shaping((verdict > 0).astype(jnp.float32), turn_mask, truncated, config),
         prm_rewards(verdict, turn_mask, form="min", temperature=config.prm_temperature),
-        (trajectory.violations > 0).astype(jnp.float32),
+        (signal["violations"] > 0).astype(jnp.float32),
     )
     if prm_scores is None:
         learned = (jnp.zeros_like(valid),) * 3

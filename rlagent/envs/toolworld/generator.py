@@ -22,13 +22,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlagent.envs import dsl
-from rlagent.envs import messages
-from rlagent.envs.config import KIND_COST
-from rlagent.envs.config import ToolWorldConfig
-from rlagent.envs.types import Progress
-from rlagent.envs.types import State
-from rlagent.envs.types import TaskKind
+from rlagent.envs.toolworld import dsl
+from rlagent.envs.toolworld import messages
+from rlagent.envs.toolworld.config import KIND_COST
+from rlagent.envs.toolworld.config import ToolWorldConfig
+from rlagent.envs.toolworld.types import Progress
+from rlagent.envs.toolworld.types import State
+from rlagent.envs.toolworld.types import TaskKind
 
 # Turns of each kind's shortest handling, indexed by TaskKind.
 _KIND_COST = np.array([KIND_COST[kind] for kind in TaskKind], np.int32)

@@ -18,10 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlagent.envs import dsl
-from rlagent.envs.dsl import Command
-from rlagent.envs.types import State
-from rlagent.envs.types import TaskKind
+from rlagent.envs.toolworld import dsl
+from rlagent.envs.toolworld.dsl import Command
+from rlagent.envs.toolworld.types import State
+from rlagent.envs.toolworld.types import TaskKind
 
 # Token of the user's word for each task kind, indexed by TaskKind.
 _INTENT_TOKENS = np.array([dsl.token(dsl.INTENT_WORDS[kind]) for kind in TaskKind], np.int32)

@@ -23,8 +23,7 @@ import optax
 from flax import nnx
 
 from rlagent.credit import mc
-from rlagent.credit.study import env_trajectory
-from rlagent.envs import ToolWorld
+from rlagent.envs.base import Environment
 from rlagent.rollout import RolloutConfig
 from rlagent.rollout import make_score
 
@@ -51,7 +50,7 @@ class WarmStartConfig:
 
 def make_warm_start(
     config: WarmStartConfig,
-    envs: Sequence[ToolWorld],
+    envs: Sequence[Environment],
     graphdef: nnx.GraphDef,
     rollout_config: RolloutConfig,
 ) -> Callable[[nnx.State, jax.Array], tuple[nnx.State, jax.Array]]:
@@ -84,7 +83,7 @@ def make_warm_start(
 
 
 def make_oracle_log_likelihood(
-    env: ToolWorld, graphdef: nnx.GraphDef, rollout_config: RolloutConfig
+    env: Environment, graphdef: nnx.GraphDef, rollout_config: RolloutConfig
 ) -> Callable[[nnx.State, jax.Array, int], jax.Array]:
     """`f(params, key, num_episodes) -> []`: mean log pi(a) over the action tokens of
     `num_episodes` fresh oracle episodes of `env` (END included), teacher-forced."""
@@ -92,7 +91,7 @@ def make_oracle_log_likelihood(
     oracle = mc.oracle(env)
 
     def log_likelihood(params, key, num_episodes):
-        trajectory = env_trajectory(mc.sample_env_episodes(env, oracle, key, num_episodes))
+        trajectory = mc.env_trajectory(env, mc.sample_env_episodes(env, oracle, key, num_episodes))
         logp = score(params, trajectory)[0]
         mask = trajectory.loss_mask
         return jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1)

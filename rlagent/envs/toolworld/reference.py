@@ -1,6 +1,6 @@
 """Plain-Python reference implementation of ToolWorld (no JAX, no NumPy in `step`).
 
-Written from the rules in `rlagent.envs.toolworld`'s docstring with ordinary `if`
+Written from the rules in `rlagent.envs.toolworld.env`'s docstring with ordinary `if`
 statements, as an independent check of the vectorised JAX dynamics (differential tests
 replay the same action sequences on both) and as the speed baseline of
 `experiments/bench_env.py`. `load` copies a JAX state (so both start from the same
@@ -14,16 +14,16 @@ import random
 
 import numpy as np
 
-from rlagent.envs import dsl
-from rlagent.envs.config import KIND_COST
-from rlagent.envs.config import ToolWorldConfig
-from rlagent.envs.dsl import Command
-from rlagent.envs.guardrail import NUM_RULES
-from rlagent.envs.guardrail import Rule
-from rlagent.envs.types import Progress
-from rlagent.envs.types import Signals
-from rlagent.envs.types import StepType
-from rlagent.envs.types import TaskKind
+from rlagent.envs.toolworld import dsl
+from rlagent.envs.toolworld.config import KIND_COST
+from rlagent.envs.toolworld.config import ToolWorldConfig
+from rlagent.envs.toolworld.dsl import Command
+from rlagent.envs.toolworld.guardrail import NUM_RULES
+from rlagent.envs.toolworld.guardrail import Rule
+from rlagent.envs.toolworld.types import Progress
+from rlagent.envs.toolworld.types import Signals
+from rlagent.envs.toolworld.types import StepType
+from rlagent.envs.toolworld.types import TaskKind
 
 _THANKS = [dsl.USER, dsl.token("thanks")]
 _GOODBYE = [dsl.USER, dsl.token("goodbye")]

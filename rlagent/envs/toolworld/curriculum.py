@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from rlagent.envs.config import KIND_COST
-from rlagent.envs.config import ToolWorldConfig
+from rlagent.envs.toolworld.config import KIND_COST
+from rlagent.envs.toolworld.config import ToolWorldConfig
 
 MAX_LEVEL = 4
 

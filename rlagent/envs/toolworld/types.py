@@ -1,8 +1,9 @@
 """Types of ToolWorld: enums of task kinds and progress, and the pytrees of `reset` / `step`.
 
 Sizes: N orders, I items, K tasks (intents + distractors), O observation tokens, R guardrail
-rules (`rlagent.envs.guardrail.Rule`). Every module of `rlagent.envs` imports from here,
-and this module imports from none of them.
+rules (`rlagent.envs.toolworld.guardrail.Rule`). Every module of `rlagent.envs.toolworld`
+imports from here, and this module imports from none of them (only the protocol's
+`StepType`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import enum
 from typing import NamedTuple
 
 import jax
+
+from rlagent.envs.base import StepType  # noqa: F401  (re-exported: ToolWorld's step types)
 
 
 class TaskKind(enum.IntEnum):
@@ -36,14 +39,6 @@ class Progress(enum.IntEnum):
     PENDING = 1  # the current task.
     DONE = 2  # settled correctly.
     FAILED = 3  # settled wrongly (wrong answer or action, or ungrounded).
-
-
-class StepType(enum.IntEnum):
-    """Jumanji step types (stored as int8)."""
-
-    FIRST = 0
-    MID = 1
-    LAST = 2
 
 
 class Observation(NamedTuple):

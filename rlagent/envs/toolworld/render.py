@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlagent.envs import dsl
-from rlagent.envs.types import Progress
+from rlagent.envs.toolworld import dsl
+from rlagent.envs.toolworld.types import Progress
 
 _MARKERS = {Progress.ABSENT: ".", Progress.PENDING: "?", Progress.DONE: "+", Progress.FAILED: "x"}
 

@@ -1,8 +1,8 @@
 """Summaries of training runs: per-seed values, robust intervals, comparisons, curves.
 
-Rows are the dicts written by `rlagent.train.loop.run` (one per update, condition and
+Rows are the dicts written by `rlagent.host.loop.run` (one per update, condition and
 seed). Every number is computed per seed first; a condition is then summarised with the
-statistics of `rlagent.train.stats` (see docs/architecture.md and ../RESEARCH habits):
+statistics of `rlagent.analysis.stats` (see docs/architecture.md and ../RESEARCH habits):
 IQM and mean with stratified bootstrap CIs, the take-off rate with a Clopper-Pearson
 interval, seed-inclusive sample efficiency (area under the success curve and
 time-to-threshold censored at a common budget), and Holm-corrected pairwise comparisons.
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from rlagent.train import stats
+from rlagent.analysis import stats
 from rlagent.train.ppo import NONFINITE_METRICS
 
 # Per-seed means over the final updates of these row metrics, when the rows carry them.

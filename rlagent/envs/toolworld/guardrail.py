@@ -29,9 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlagent.envs import dsl
-from rlagent.envs.dsl import Command
-from rlagent.envs.types import State
+from rlagent.envs.toolworld import dsl
+from rlagent.envs.toolworld.dsl import Command
+from rlagent.envs.toolworld.types import State
 
 GUARDRAIL_MODES = ("off", "penalise", "mask")
 

@@ -3,7 +3,7 @@
 The world is a small order database (item, status, address, amount bucket, per order), an
 inventory (in stock or not, per item) and a user with a queue of *tasks* (intents and
 off-topic distractors) revealed one after another. One environment step is one agent
-turn: a DSL command (see `rlagent.envs.dsl`). The environment parses it, runs the tool in
+turn: a DSL command (see `rlagent.envs.toolworld.dsl`). The environment parses it, runs the tool in
 pure JAX and answers with the tool's return or, when the turn settles the current task,
 the user's next message (`USER thanks` once every task is settled; the agent then ends
 the conversation with `BYE END`).
@@ -41,7 +41,7 @@ and `num_distractors=d` gives exactly `3n + d + 1` turns, e.g. 16 for n=5, d=0.
 The dialogue scenario (`scenario='dialogue'`) asks only order-status questions
 (plus distractors) and reports answer accuracy and simulated user feedback.
 
-Per-turn signals: `TimeStep.signals`, a `Signals` (see `rlagent.envs.types`): outcome,
+Per-turn signals: `TimeStep.signals`, a `Signals` (see `rlagent.envs.toolworld.types`): outcome,
 process verdict, efficiency, guardrail violations, and the dialogue scores. The verdict
 judges a turn against the shortest correct plan:
 
@@ -59,9 +59,9 @@ judges a turn against the shortest correct plan:
         a change_address / cancel task, which needs no fact (the 'lookup detour')
 
 `ToolWorldConfig(verdict='legacy')` restores the first verdict (the give-up and detour
-reward-hacking study); see `rlagent.envs.config`. The guardrail mode
+reward-hacking study); see `rlagent.envs.toolworld.config`. The guardrail mode
 (`ToolWorldConfig.guardrail`) decides what a violation does in `step` and whether
-`allowed_tokens` masks it (see `rlagent.envs.guardrail`).
+`allowed_tokens` masks it (see `rlagent.envs.toolworld.guardrail`).
 
 `step` is a sequence of stages, one small function each: read the turn (parse), check
 the rules, change the world, settle the current task, judge the turn (verdict), end the
@@ -78,20 +78,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlagent.envs import dsl
-from rlagent.envs import generator
-from rlagent.envs import guardrail
-from rlagent.envs import messages
-from rlagent.envs.config import ToolWorldConfig
-from rlagent.envs.dsl import Command
-from rlagent.envs.types import Observation
-from rlagent.envs.types import Progress
-from rlagent.envs.types import Signals
-from rlagent.envs.types import State
-from rlagent.envs.types import StepType
-from rlagent.envs.types import TaskKind
-from rlagent.envs.types import TaskView
-from rlagent.envs.types import TimeStep
+from rlagent.envs.base import TokenSpec
+from rlagent.envs.toolworld import dsl
+from rlagent.envs.toolworld import generator
+from rlagent.envs.toolworld import guardrail
+from rlagent.envs.toolworld import messages
+from rlagent.envs.toolworld.config import ToolWorldConfig
+from rlagent.envs.toolworld.dsl import Command
+from rlagent.envs.toolworld.types import Observation
+from rlagent.envs.toolworld.types import Progress
+from rlagent.envs.toolworld.types import Signals
+from rlagent.envs.toolworld.types import State
+from rlagent.envs.toolworld.types import StepType
+from rlagent.envs.toolworld.types import TaskKind
+from rlagent.envs.toolworld.types import TaskView
+from rlagent.envs.toolworld.types import TimeStep
 
 
 class ToolWorld:
@@ -135,6 +136,83 @@ class ToolWorld:
     @property
     def num_rules(self) -> int:
         return guardrail.NUM_RULES
+
+    # The environment protocol (rlagent.envs.base) ---------------------------------------
+    token_spec = TokenSpec(vocab_size=dsl.VOCAB_SIZE, pad=dsl.PAD, end=dsl.END)
+    # Per-turn scalar signals the rollout records (Signals fields; `success` is its own).
+    signal_names = ("outcome", "verdict", "efficiency", "violations")
+    # Training-reward components built from those signals (rlagent.train.rewards).
+    reward_components = (
+        "outcome",  # `outcome`: 1 on the final turn of a solved episode.
+        "process",  # `verdict`: the oracle process verdict of the turn.
+        "efficiency",  # `efficiency`: -1 on a turn past the shortest plan.
+        "potential",  # shaping by the verdict's valid steps.
+        "prm_min",  # min-form credit of the verdict.
+        "violations",  # 1 on a turn that breaks a guardrail rule.
+        "learned_sum",  # a PRM's scores (any environment).
+        "learned_min",
+        "learned_potential",
+    )
+
+    @property
+    def requires_constrained(self) -> bool:
+        """The guardrail acts through `allowed_tokens` ('mask'): sampling must be constrained."""
+        return self.config.guardrail == "mask"
+
+    def episode_metrics(
+        self, signals: dict[str, jax.Array], turn_mask: jax.Array, action_tokens: jax.Array
+    ) -> dict[str, jax.Array]:
+        """Batch metrics (float32 scalars) of `[B, S]` signals (0 off `turn_mask`).
+
+        `collapse_rate` is the fraction of episodes without a single tool call (no turn
+        starting with CALL): a policy that gives up makes no calls, so it breaks no rule
+        and is never "inefficient"; read violation and efficiency numbers next to it.
+        """
+        valid = turn_mask.astype(jnp.float32)
+        violations = jnp.sum(signals["violations"] * valid, axis=1)
+        calls = jnp.sum((action_tokens[..., 0] == dsl.CALL) & turn_mask, axis=1)
+        return {
+            "collapse_rate": jnp.mean(calls == 0),
+            "outcome": jnp.mean(jnp.sum(signals["outcome"] * valid, axis=1)),
+            "process_score": jnp.sum(signals["verdict"] * valid) / jnp.maximum(jnp.sum(valid), 1.0),
+            "turns_over_plan": jnp.mean(-jnp.sum(signals["efficiency"] * valid, axis=1)),
+            "violations": jnp.mean(violations),
+            "violation_rate": jnp.mean(violations > 0),
+        }
+
+    def observe(self, state: State) -> Observation:
+        """What the agent reads before the next turn from `state` (as the last timestep's)."""
+        return Observation(tokens=state.obs, progress=state.progress)
+
+    def episode_over(self, state: State) -> jax.Array:
+        """`[]` bool: the episode has ended (terminated or truncated)."""
+        return state.terminated | state.truncated
+
+    def episode_turn(self, state: State) -> jax.Array:
+        """`[]` int32: turns played so far."""
+        return state.turn
+
+    def oracle_action(self, state: State) -> jax.Array:
+        """Next turn `[L]` of the shortest correct plan from `state`.
+
+        Per task: look the order up if the task needs a fact about it (status, refund,
+        exchange), check the stock of the looked-up item (exchange), then the task's
+        correct final command; `BYE` once every task is settled. Following it from `reset`
+        solves every episode in exactly `shortest_plan` turns with verdict +1 on every
+        turn.
+        """
+        task = self.task_view(state)
+        is_exchange = task.kind == TaskKind.EXCHANGE
+        asks_fact = (task.kind == TaskKind.STATUS) | (task.kind == TaskKind.REFUND) | is_exchange
+        needs_lookup = asks_fact & ~task.looked_up
+        needs_stock = is_exchange & task.looked_up & ~task.stock_checked
+        command = jnp.where(needs_stock, Command.CHECK_STOCK, task.final_command)
+        arg1 = jnp.where(needs_stock, task.item, task.final_arg1)
+        arg2 = task.final_arg2
+        command = jnp.where(needs_lookup, Command.LOOKUP_ORDER, command)
+        arg1 = jnp.where(needs_lookup, task.order, arg1)
+        command = jnp.where(task.active, command, Command.BYE)
+        return self.encode(command, arg1, arg2)
 
     @functools.cached_property
     def observation_spec(self) -> Observation:

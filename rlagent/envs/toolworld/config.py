@@ -29,9 +29,9 @@ import dataclasses
 import math
 import numbers
 
-from rlagent.envs import dsl
-from rlagent.envs.guardrail import GUARDRAIL_MODES
-from rlagent.envs.types import TaskKind
+from rlagent.envs.toolworld import dsl
+from rlagent.envs.toolworld.guardrail import GUARDRAIL_MODES
+from rlagent.envs.toolworld.types import TaskKind
 
 KIND_NAMES = tuple(kind.label for kind in TaskKind)
 INTENT_KINDS = tuple(kind for kind in TaskKind if kind != TaskKind.OFF_TOPIC)
@@ -90,7 +90,7 @@ class ToolWorldConfig:
     max_turns: int | None = None  # S; default: longest possible shortest plan + 2.
     turn_len: int = 6  # L action tokens per turn (>= 5, the longest command).
     obs_len: int = 8  # O observation tokens (>= 7, the lookup return).
-    guardrail: str = "off"  # 'off' | 'penalise' | 'mask' (see rlagent.envs.guardrail).
+    guardrail: str = "off"  # 'off' | 'penalise' | 'mask' (see rlagent.envs.toolworld.guardrail).
     penalty: float = 1.0  # reward of a blocked call, however many rules it breaks: -penalty.
     refund_limit: int = 2  # largest amount bucket (AMT_0..AMT_3) refundable, 0..2.
     # Process verdict (module docstring): a preset, and its three values (None: preset's).

@@ -36,15 +36,17 @@ import orbax.checkpoint as ocp
 from absl import logging
 from tqdm.auto import tqdm
 
+from rlagent.host import provenance
+from rlagent.host.extras import trainer_extras
+from rlagent.host.writers import MetricWriter
 from rlagent.train import evaluation
-from rlagent.train import provenance
 from rlagent.train.config import TrainConfig
 from rlagent.train.ppo import NONFINITE_METRICS
 from rlagent.train.ppo import RunnerState
 from rlagent.train.ppo import Trainer
 from rlagent.train.ppo import make_train
+from rlagent.train.rewards import check_reward
 from rlagent.train.rewards import reward_weights
-from rlagent.train.writers import MetricWriter
 
 # Files and folders of a run folder that `overwrite=True` removes.
 RUN_FILES = ("metrics.csv", "checkpoints", "tensorboard", provenance.FILENAME)
@@ -104,7 +106,7 @@ def run(
     ends this call after that many updates in total (a checkpoint is written;
     `resume=True` continues).
     `initial_params` (parameters with a leading `[len(seeds)]` axis, e.g. from
-    `rlagent.train.warm_start`) replace each seed's fresh initial policy and KL reference,
+    `rlagent.pipeline.warm_start`) replace each seed's fresh initial policy and KL reference,
     alike for every condition; `initial_params_config` (how they were made) joins the
     resolved config, so that `resume` refuses a different one.
     See the module docstring for `resume` / `overwrite` and the errors raised
@@ -118,6 +120,9 @@ def run(
         raise ValueError("resume=True and overwrite=True exclude each other.")
     conditions = list(conditions) if conditions else [config.reward]
     runs = [(condition, int(seed)) for condition in conditions for seed in seeds]
+    for condition in conditions:  # refused before anything is written
+        check_reward(env, reward_weights(config, condition), f"condition {condition!r}")
+    trainer_extras(config, env, rollout_config)
     env_config = getattr(env, "config", repr(env))
     resolved = provenance.resolved(
         train=config,
@@ -340,7 +345,8 @@ def clear_compiled() -> None:
 def _trainer(config, env, policy_config, rollout_config, mesh) -> Trainer:
     # Cached so that repeated runs of one setup (resume, several calls in a notebook or a
     # test) reuse the compiled chunks below instead of tracing a new closure.
-    return make_train(config, env, policy_config, rollout_config, mesh=mesh)
+    extras = trainer_extras(config, env, rollout_config)
+    return make_train(config, env, policy_config, rollout_config, mesh=mesh, **extras)
 
 
 def _add_evaluation(new_rows, runs, metrics) -> None:

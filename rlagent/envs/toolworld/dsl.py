@@ -33,7 +33,7 @@ import functools
 
 import numpy as np
 
-from rlagent.envs.types import TaskKind
+from rlagent.envs.toolworld.types import TaskKind
 
 MAX_ORDERS = 16
 MAX_ITEMS = 8

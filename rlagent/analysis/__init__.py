@@ -1,0 +1,1 @@
+"""Statistics over seeds (`stats`) and per-condition summaries and plots (`report`)."""
