@@ -18,7 +18,7 @@ from rlagent.train.config import TrainConfig
 FACTORIES: dict[
     str, Callable[[TrainConfig, Environment, nnx.GraphDef, RolloutConfig], ProcessRewardModel]
 ] = {
-    "noisy_oracle": lambda config, env, graphdef, rollout_config: make_noisy_oracle(config),
+    "noisy_oracle": lambda config, env, graphdef, rollout_config: make_noisy_oracle(config, env),
     "completion": make_learned_prm,
     "progress": make_learned_prm,
     "implicit": lambda config, env, graphdef, rollout_config: make_implicit_prm(

@@ -56,6 +56,7 @@ from rlagent import losses
 from rlagent.credit import accuracy
 from rlagent.credit import lm
 from rlagent.credit import mc
+from rlagent.envs.base import VERDICT
 from rlagent.envs.base import verdict_of
 from rlagent.prm import labels
 from rlagent.prm.base import PRMInputs
@@ -77,15 +78,20 @@ LABELLERS: dict[str, Callable[[mc.MCValues, jax.Array], jax.Array]] = {
 }
 
 
-def make_noisy_oracle(config: TrainConfig) -> ProcessRewardModel:
+def make_noisy_oracle(config: TrainConfig, env: Any = None) -> ProcessRewardModel:
     """The oracle verdict as a binary score, each flipped with probability `prm_noise`.
 
     `scores` -> `[B, S]` `1[verdict > 0] XOR Bernoulli(prm_noise)` on played turns with a
     non-zero verdict, 1/2 on neutral ones (verdict 0), 0 on unplayed turns; a fresh coin per
     turn and update (the key); nothing is learned, so
     `prm_loss` and `label_auroc` are NaN, `label_turns` 0 and `prm_auroc` is over every
-    played turn.
+    played turn. Refused for an environment (`env`, when given) without a verdict signal.
     """
+    if env is not None and VERDICT not in env.signal_names:
+        raise ValueError(
+            f"TrainConfig.prm='noisy_oracle' flips the oracle verdict, and environment "
+            f"{type(env).__name__} reports no {VERDICT!r} signal (it reports {env.signal_names})."
+        )
     noise = config.prm_noise
 
     def init(key: jax.Array, policy_params: Any) -> PRMState:
