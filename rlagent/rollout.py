@@ -280,7 +280,15 @@ def make_rollout(
             memory=reader.init(_readers(policy), batch, vocab),
         )
         traj, carries = _play(
-            env, policy, reader, config, carry, 0, policy_keys, env.max_turns, with_carries
+            env,
+            policy,
+            reader,
+            config,
+            carry,
+            0,
+            policy_keys=policy_keys,
+            num_turns=env.max_turns,
+            with_carries=with_carries,
         )
         return (traj, carries) if with_carries else traj
 
@@ -313,7 +321,17 @@ def make_continue(
         policy = _merge(graphdef, params)
         reader = _context_reader(env, policy, config)
         start = jnp.asarray(start_turn, jnp.int32)
-        traj, _ = _play(env, policy, reader, config, carry, start, policy_keys, num_turns, False)
+        traj, _ = _play(
+            env,
+            policy,
+            reader,
+            config,
+            carry,
+            start,
+            policy_keys=policy_keys,
+            num_turns=num_turns,
+            with_carries=False,
+        )
         return traj
 
     return continue_
@@ -402,7 +420,7 @@ def make_score(
         visible = _visible(reader, policy, traj)
         scores = _token_scores(
             policy.actor, actor_hidden, values, visible, traj.action_tokens, traj.sampling_mask,
-            config,
+            config=config,
         )  # fmt: skip
         played = traj.loss_mask
         return TokenScores(*(jnp.where(played, x, 0.0) for x in scores))
@@ -466,7 +484,13 @@ def make_score_sum(
             actor = nnx.merge(actor_graphdef, params)
             hidden = hidden_rows(params, summaries, inputs)
             scores = _token_scores(
-                actor, hidden, actor.values(hidden), visible, action_tokens, sampling_mask, config
+                actor,
+                hidden,
+                actor.values(hidden),
+                visible,
+                action_tokens,
+                sampling_mask,
+                config=config,
             )
             return token_sum(scores, extras)
 
@@ -490,6 +514,7 @@ def _token_scores(
     visible: jax.Array,
     action_tokens: jax.Array,
     sampling_mask: jax.Array | None,
+    *,
     config: RolloutConfig,
 ) -> TokenScores:
     """Scores of `action_tokens [..., L]` read from the actor's `hidden [..., L, D]`.
@@ -584,7 +609,9 @@ class WindowedContext:
     def advance(self, readers, memory, caches, obs, action, live) -> WindowMemory:
         """Each reader's summary absorbs the turn leaving the window; the turn enters it."""
         summaries = tuple(
-            _absorb_leaving(model, summary, memory.window, obs, action, live, self.window)
+            _absorb_leaving(
+                model, summary, memory.window, obs, action, live, window_size=self.window
+            )
             for model, summary in zip(readers, memory.summaries, strict=True)
         )
         window = jax.vmap(push_window)(memory.window, obs.tokens, obs.progress, action, live)
@@ -619,7 +646,9 @@ class WindowedContext:
         enc, embed, window = model.encoder, model.embed, self.window
 
         def episode(obs, progress, action, action_mask):
-            summaries = summary_sequence(enc, embed, obs, progress, action, action_mask, window)
+            summaries = summary_sequence(
+                enc, embed, obs, progress, action, action_mask, window=window
+            )
             windows = jax.vmap(
                 lambda s: gather_window(obs, progress, action, action_mask, s, window)
             )(jnp.arange(turns))
@@ -745,6 +774,7 @@ def _play(
     config: RolloutConfig,
     carry: RolloutCarry,
     start_turn: jax.Array | int,
+    *,
     policy_keys: jax.Array,
     num_turns: int,
     with_carries: bool,
@@ -914,7 +944,7 @@ def _ban_pad(allowed: jax.Array, pad: int) -> jax.Array:
     return jnp.where(no_pad.any(axis=-1, keepdims=True), no_pad, allowed)
 
 
-def _absorb_leaving(model, summary, window, obs, action, live, window_size):
+def _absorb_leaving(model, summary, window, obs, action, live, *, window_size):
     """Summary for the next turn: absorb the turn that leaves the window (if any)."""
     enc, embed = model.encoder, model.embed
     if not enc.num_slots:

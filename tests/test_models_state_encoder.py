@@ -100,7 +100,7 @@ def test_context_beyond_window_depends_only_on_summary(actor):
         traj.progress[0],
         traj.action_tokens[0],
         traj.action_mask[0],
-        WINDOW,
+        window=WINDOW,
     )
     for s in (4, 5):
         contexts = []

@@ -340,29 +340,11 @@ def mc_values(
       MCValues; value fields `[B, S]` or `[R, B, S]`, success fields `[B, S]`.
     """
     turn_mask = prefix.turn_mask
-    chex.assert_rank(turn_mask, 2)
-    chex.assert_type(turn_mask, bool)
-    batch, num_turns = turn_mask.shape
     weights = jnp.asarray(reward_weights, jnp.float32)
-    if weights.shape[-1] != len(COMPONENTS) or weights.ndim not in (1, 2):
-        raise ValueError(
-            f"reward_weights must be [C] or [R, C] with C = {len(COMPONENTS)}, got {weights.shape}"
-        )
-    for leaf in jax.tree.leaves(forks):
-        if leaf.shape[:2] != (batch, num_turns):
-            raise ValueError(f"forks leaves must be [B, S, ...] = [{batch}, {num_turns}, ...]")
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    _check_mc_inputs(turn_mask, forks, weights, num_samples)
+    batch, num_turns = turn_mask.shape
     forms = weights.reshape(-1, len(COMPONENTS))
-
-    # Evaluations: (episode b, turn r, kind) with kind 0 = V(r) (fork at r), 1 = Q(r) (fork
-    # at r + 1). A fork runs only if the episode is still going at its turn.
-    kinds = jnp.arange(1, 2) if q_only else jnp.arange(2)
-    b, r, kind = jnp.meshgrid(jnp.arange(batch), jnp.arange(num_turns), kinds, indexing="ij")
-    b, r, kind = b.reshape(-1), r.reshape(-1), kind.reshape(-1)
-    fork = r + kind
-    runs = turn_mask[b, r] & (fork < num_turns) & turn_mask[b, jnp.minimum(fork, num_turns - 1)]
-    order = jnp.lexsort((fork, ~runs))  # running forks first, by start turn
+    b, r, fork, runs, order = _evaluations(turn_mask, q_only)
     num_evals = order.shape[0]
     per_chunk = min(max(1, chunk_size // num_samples), num_evals)
     num_chunks = -(-num_evals // per_chunk)
@@ -402,14 +384,73 @@ def mc_values(
         )
 
     returns, success, turns = jax.lax.map(evaluate, padded.reshape(num_chunks, per_chunk))
-    returns = returns.reshape(-1, forms.shape[0], num_samples)[:num_evals]  # [E, R, N]
+    return _mc_fields(
+        returns, success, turns, order, turn_mask, forms_shape=weights.shape[:-1], q_only=q_only
+    )
+
+
+def _check_mc_inputs(
+    turn_mask: jax.Array, forks: Any, weights: jax.Array, num_samples: int
+) -> None:
+    """Checks `mc_values`'s inputs: `turn_mask [B, S]`, forks `[B, S, ...]`, weights."""
+    chex.assert_rank(turn_mask, 2)
+    chex.assert_type(turn_mask, bool)
+    batch, num_turns = turn_mask.shape
+    if weights.shape[-1] != len(COMPONENTS) or weights.ndim not in (1, 2):
+        raise ValueError(
+            f"reward_weights must be [C] or [R, C] with C = {len(COMPONENTS)}, got {weights.shape}"
+        )
+    for leaf in jax.tree.leaves(forks):
+        if leaf.shape[:2] != (batch, num_turns):
+            raise ValueError(f"forks leaves must be [B, S, ...] = [{batch}, {num_turns}, ...]")
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+
+
+def _evaluations(
+    turn_mask: jax.Array, q_only: bool
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+    """The evaluations of `mc_values`, each `[E]`: `(b, r, fork, runs, order)`.
+
+    Evaluation (episode b, turn r, kind) with kind 0 = V(r) (fork at r), 1 = Q(r) (fork at
+    r + 1), in (b, r, kind) order; `q_only` keeps kind 1 only. A fork runs only if the
+    episode is still going at its turn; `order` sorts running forks first, by start turn.
+    """
+    batch, num_turns = turn_mask.shape
+    kinds = jnp.arange(1, 2) if q_only else jnp.arange(2)
+    b, r, kind = jnp.meshgrid(jnp.arange(batch), jnp.arange(num_turns), kinds, indexing="ij")
+    b, r, kind = b.reshape(-1), r.reshape(-1), kind.reshape(-1)
+    fork = r + kind
+    runs = turn_mask[b, r] & (fork < num_turns) & turn_mask[b, jnp.minimum(fork, num_turns - 1)]
+    order = jnp.lexsort((fork, ~runs))  # running forks first, by start turn
+    return b, r, fork, runs, order
+
+
+def _mc_fields(
+    returns: jax.Array,
+    success: jax.Array,
+    turns: jax.Array,
+    order: jax.Array,
+    turn_mask: jax.Array,
+    *,
+    forms_shape: tuple[int, ...],
+    q_only: bool,
+) -> MCValues:
+    """`MCValues` from the chunked map's per-continuation `returns [chunks, per_chunk, R,
+    N]`, `success [chunks, per_chunk, N]` and played `turns [chunks]` (evaluations in
+    `order`); `forms_shape` is `()` for one reward form, `(R,)` for R of them."""
+    batch, num_turns = turn_mask.shape
+    num_evals = order.shape[0]
+    num_forms, num_samples = returns.shape[-2:]
+    num_kinds = 1 if q_only else 2
+    returns = returns.reshape(-1, num_forms, num_samples)[:num_evals]  # [E, R, N]
     success = success.reshape(-1, num_samples)[:num_evals].astype(jnp.float32)
     inverse = jnp.zeros_like(order).at[order].set(jnp.arange(num_evals))
     returns, success = returns[inverse], success[inverse]  # back to (b, r, kind) order
 
-    mean = returns.mean(-1).reshape(batch, num_turns, kinds.shape[0], -1)
+    mean = returns.mean(-1).reshape(batch, num_turns, num_kinds, -1)
     se = (returns.std(-1, ddof=1) / jnp.sqrt(num_samples)).reshape(mean.shape)
-    p = success.mean(-1).reshape(batch, num_turns, kinds.shape[0])
+    p = success.mean(-1).reshape(batch, num_turns, num_kinds)
     if q_only:  # no V: NaN in its place
         mean, se, p = (
             jnp.concatenate([jnp.full_like(x, jnp.nan), x], axis=2) for x in (mean, se, p)
@@ -418,7 +459,7 @@ def mc_values(
 
     def out(x):  # [B, S, R] -> [..., B, S], 0 on unplayed turns
         x = jnp.where(valid, x, 0.0)
-        return jnp.moveaxis(x, -1, 0).reshape(*weights.shape[:-1], batch, num_turns)
+        return jnp.moveaxis(x, -1, 0).reshape(*forms_shape, batch, num_turns)
 
     value, q_value = mean[:, :, 0], mean[:, :, 1]
     return MCValues(

@@ -186,6 +186,7 @@ class Attention(nnx.Module):
         key_slots: jax.Array,
         key_valid: jax.Array,
         write_index: jax.Array | int,
+        *,
         read: jax.Array | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """Attends a chunk of queries to the chunk (no cache) or to the whole cache.
@@ -269,10 +270,10 @@ class DecoderLayer(nnx.Module):
         self.post_attention_layernorm = RMSNorm(config.d_model, config.norm_eps, pdt)
         self.mlp = MLP(config, rngs=rngs)
 
-    def __call__(self, x, slots, keys, key_slots, key_valid, write_index, read=None):
+    def __call__(self, x, slots, keys, key_slots, key_valid, write_index, *, read=None):
         """[B, T, D] -> [B, T, D], or [B, R, D] at positions `read [R]` only."""
         attn, keys = self.self_attn(
-            self.input_layernorm(x), slots, keys, key_slots, key_valid, write_index, read
+            self.input_layernorm(x), slots, keys, key_slots, key_valid, write_index, read=read
         )
         h = (x if read is None else x[:, read]) + attn
         return h + self.mlp(self.post_attention_layernorm(h)), keys
@@ -376,7 +377,9 @@ class Llama(nnx.Module):
         for i, layer in enumerate(self.layers):
             layer_keys = None if cache is None else (cache_k, cache_v, i)
             layer_read = read if i == last else None
-            x, (k, v) = layer(x, slots, layer_keys, key_slots, all_valid, write_index, layer_read)
+            x, (k, v) = layer(
+                x, slots, layer_keys, key_slots, all_valid, write_index, read=layer_read
+            )
             if cache is not None:
                 cache_k, cache_v = k, v
         if read is not None and not self.layers:

@@ -232,6 +232,7 @@ def summary_sequence(
     progress: jax.Array,
     action: jax.Array,
     action_mask: jax.Array,
+    *,
     window: int,
 ) -> jax.Array:
     """Summary state used at every turn of an episode, recomputed differentiably.

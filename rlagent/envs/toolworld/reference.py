@@ -189,14 +189,7 @@ class ReferenceToolWorld:
         """
         cfg = self.config
         if state.terminated or state.truncated:
-            return state, RefTimeStep(
-                step_type=StepType.LAST,
-                reward=0.0,
-                discount=0.0 if state.terminated else 1.0,
-                obs=list(state.obs),
-                progress=list(state.progress),
-                signals=_zero_signals(),
-            )
+            return state, _ended_timestep(state)
         command, arg1, arg2 = self.parse([int(t) for t in action])
         active = state.current < cfg.num_tasks
         task = min(state.current, cfg.num_tasks - 1)
@@ -213,7 +206,16 @@ class ReferenceToolWorld:
         matches = matches and (nargs < 2 or arg2 == final[2])
         settles = active and not blocked and (command in dsl.SAY_COMMANDS or call_ok)
         done = settles and matches and grounded
-        verdict = self._verdict(state, task, active, settles, done, command, arg1, violation)
+        verdict = self._verdict(
+            state,
+            task,
+            active=active,
+            settles=settles,
+            done=done,
+            command=command,
+            arg1=arg1,
+            violation=violation,
+        )
         kind, task_order = state.task_kind[task], state.task_order[task]
         if (
             active
@@ -231,31 +233,11 @@ class ReferenceToolWorld:
             state.looked_up[arg1] = True
         if command == Command.CHECK_STOCK:
             state.stock_checked[arg1] = True
-        obs = self._pad(tool_return)
-        if settles:
-            state.progress[task] = Progress.DONE if done else Progress.FAILED
-            state.current += 1
-            obs = self._pad(_THANKS)
-            if state.current < cfg.num_tasks:
-                state.progress[state.current] = Progress.PENDING
-                nxt = state.current
-                obs = self._user_message(
-                    state.task_kind[nxt], state.task_order[nxt], state.task_address[nxt]
-                )
-        if blocked:
-            obs = self._pad([dsl.TOOL, dsl.token("blocked")])
-
-        state.violated = state.violated or violation
-        efficiency = -1.0 if state.turn >= state.shortest_plan else 0.0
-        state.turn += 1
-        state.terminated = command == Command.BYE or blocked
-        state.truncated = not state.terminated and state.turn >= cfg.max_turns
-        last = state.terminated or state.truncated
-        outcome = (
-            command == Command.BYE
-            and all(p == Progress.DONE for p in state.progress)
-            and not state.violated
+        obs = self._settle(
+            state, task, settles=settles, done=done, blocked=blocked, tool_return=tool_return
         )
+
+        efficiency, last, outcome = self._terminate(state, command, violation, blocked)
         state.obs = obs
         signals = self._signals(state, last, outcome, verdict, efficiency, flags)
         if blocked:
@@ -270,6 +252,44 @@ class ReferenceToolWorld:
             progress=list(state.progress),
             signals=signals,
         )
+
+    def _settle(self, state: RefState, task: int, *, settles, done, blocked, tool_return) -> list:
+        """Settle and observe: marks task `task` done or failed (moving on to the next task)
+        if the turn settles it, and returns the padded observation of the turn."""
+        obs = self._pad(tool_return)
+        if settles:
+            state.progress[task] = Progress.DONE if done else Progress.FAILED
+            state.current += 1
+            obs = self._pad(_THANKS)
+            if state.current < self.config.num_tasks:
+                state.progress[state.current] = Progress.PENDING
+                nxt = state.current
+                obs = self._user_message(
+                    state.task_kind[nxt], state.task_order[nxt], state.task_address[nxt]
+                )
+        if blocked:
+            obs = self._pad([dsl.TOOL, dsl.token("blocked")])
+        return obs
+
+    def _terminate(
+        self, state: RefState, command: int, violation: bool, blocked: bool
+    ) -> tuple[float, bool, bool]:
+        """Terminate: counts the turn and ends the episode on BYE, a block or the last turn.
+
+        Returns `(efficiency, last, outcome)` of the turn.
+        """
+        state.violated = state.violated or violation
+        efficiency = -1.0 if state.turn >= state.shortest_plan else 0.0
+        state.turn += 1
+        state.terminated = command == Command.BYE or blocked
+        state.truncated = not state.terminated and state.turn >= self.config.max_turns
+        last = state.terminated or state.truncated
+        outcome = (
+            command == Command.BYE
+            and all(p == Progress.DONE for p in state.progress)
+            and not state.violated
+        )
+        return efficiency, last, outcome
 
     def _final_step(self, state: RefState, task: int) -> tuple[tuple[int, int, int], bool]:
         """The correct final step of task `task`, and whether its facts were observed."""
@@ -325,7 +345,7 @@ class ReferenceToolWorld:
             )
         return signals
 
-    def _verdict(self, state, task, active, settles, done, command, arg1, violation) -> float:
+    def _verdict(self, state, task, *, active, settles, done, command, arg1, violation) -> float:
         """Process verdict of a turn, before the state changes (values: `toolworld`)."""
         cfg = self.config
         if (settles and not done) or (active and command == Command.BYE):
@@ -466,6 +486,18 @@ def _tool_return(state: RefState, command: int, arg1: int, call_ok: bool) -> lis
     if command == Command.BYE:
         return list(_GOODBYE)
     return [dsl.TOOL, dsl.token("error")]
+
+
+def _ended_timestep(state: RefState) -> RefTimeStep:
+    """The timestep of a step taken after the episode ended: LAST, no reward, no signals."""
+    return RefTimeStep(
+        step_type=StepType.LAST,
+        reward=0.0,
+        discount=0.0 if state.terminated else 1.0,
+        obs=list(state.obs),
+        progress=list(state.progress),
+        signals=_zero_signals(),
+    )
 
 
 def _zero_signals() -> Signals:
