@@ -1,9 +1,9 @@
-"""The process-rewards experiment (experiments/process_rewards.py), importable.
+"""The process-rewards study (experiments/process_rewards.py).
 
-1. PPO with every condition of `config.conditions` (`train.experiment.prm_runs`: one
+1. PPO with every condition of `config.conditions` (`common.prm_runs`: one
    compiled program per PRM kind), success against *total* environment turns (experience
    plus the turns labelling continuations played, `report.TOTAL_TURNS`), 95% CIs over seeds.
-2. The label-quality study (`rlagent.prm.study`, section `config.labels`).
+2. The label-quality study (`label_quality`, section `config.labels`).
 3. Reward hacking of a learned PRM (`hacking`): per PRM, its sum / min / potential forms
    side by side. The sum form pays for every step the PRM scores above 1/2, so a PRM that
    over-scores some steps invites farming them (more turns, less success; Cheng et al.
@@ -29,6 +29,8 @@ import jax
 import ml_collections
 import numpy as np
 
+from experiments.studies import common
+from experiments.studies import label_quality as study
 from rlagent.analysis import report
 from rlagent.analysis import stats
 from rlagent.analysis.stats import format_mean_ci
@@ -36,14 +38,11 @@ from rlagent.envs.toolworld import ToolWorld
 from rlagent.envs.toolworld import horizon_config
 from rlagent.host import provenance
 from rlagent.host.writers import MetricWriter
-from rlagent.prm import study
-from rlagent.train import experiment
 
 # Per-seed means over the final updates, per learned condition (the hacking table).
 HACKING_METRICS = ("success", "turns", "turns_over_plan", "collapse_rate", "prm_auroc")
 # The PRM-weighted forms compared, in table order; the first is the one suspected of farming.
 FORMS = ("learned_sum", "learned_min", "learned_potential")
-LABEL_FILES = (study.FILENAME, "label_quality.png")
 TITLE = "ToolWorld: process rewards without hand labels"
 
 
@@ -61,14 +60,10 @@ def run(
     With `resume`, a finished label study (label_quality.csv) is kept, not recomputed.
     """
     start = time.time()
-    runs = experiment.prm_runs(config)  # config errors before anything is written
+    runs = common.prm_runs(config)  # config errors before anything is written
     label_env = _label_env(config)
     study.validate(config.labels, label_env)
-    if overwrite:
-        for name in LABEL_FILES:
-            if os.path.exists(os.path.join(workdir, name)):
-                os.remove(os.path.join(workdir, name))
-    summary = experiment.run_and_report(
+    summary = common.run_and_report(
         runs,
         config,
         workdir=workdir,
@@ -150,7 +145,7 @@ def _label_env(config: ml_collections.ConfigDict) -> ToolWorld:
     horizon = int(config.labels.horizon)
     if horizon:
         return ToolWorld(horizon_config(horizon))
-    return experiment.build(config).env
+    return common.build(config).env
 
 
 def hacking_table(
