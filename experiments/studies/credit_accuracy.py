@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -45,7 +43,7 @@ from experiments.studies.common import env_policy
 from experiments.studies.common import estimator_config
 from experiments.studies.common import lm_setup
 from experiments.studies.common import names
-from rlagent.analysis import stats
+from rlagent.analysis import report
 from rlagent.analysis.stats import format_mean_ci
 from rlagent.credit import accuracy
 from rlagent.credit import lm
@@ -249,15 +247,12 @@ def _score(est_config: TrainConfig, batch: _Batch, r: int, weights) -> accuracy.
 
 def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Mean and 95% CI over seeds of every metric, keyed reward / policy / estimator / horizon."""
-    cells = defaultdict(list)
-    for row in rows:
-        cells[(row["reward"], row["policy"], row["estimator"], row["horizon"])].append(row)
+    cells = report.group_rows(
+        rows, lambda row: (row["reward"], row["policy"], row["estimator"], row["horizon"])
+    )
     summary: dict[str, Any] = {}
     for (reward, policy, estimator, horizon), cell in cells.items():
-        entry = {}
-        for metric in METRICS + ("success", "turns"):
-            values = [r[metric] for r in cell if not math.isnan(r[metric])]
-            entry[metric] = stats.mean_ci(values) if values else None
+        entry = report.cell_mean_cis(cell, METRICS + ("success", "turns"))
         node = summary.setdefault(reward, {}).setdefault(policy, {}).setdefault(estimator, {})
         node[str(horizon)] = entry
     return summary
@@ -271,17 +266,17 @@ def markdown(summary: Mapping[str, Any], metric: str = "spearman") -> str:
             horizons = list(next(iter(estimators.values())))
             first = next(iter(estimators.values()))
             lines.append(f"\n## reward {reward}, policy {policy}\n")
-            header = ["estimator"] + [f"h={h}" for h in horizons]
-            lines.append("| " + " | ".join(header) + " |")
-            lines.append("|" + "---|" * len(header))
-            for estimator, by_horizon in estimators.items():
-                cells = [estimator] + [format_mean_ci(by_horizon[h][metric]) for h in horizons]
-                lines.append("| " + " | ".join(cells) + " |")
-            context = ["behaviour success"]
-            context += [format_mean_ci(first[h]["success"]) for h in horizons]
-            lines.append("| " + " | ".join(context) + " |")
-            turns = ["turns / episode"] + [format_mean_ci(first[h]["turns"]) for h in horizons]
-            lines.append("| " + " | ".join(turns) + " |")
+            table = [
+                [estimator] + [format_mean_ci(by_horizon[h][metric]) for h in horizons]
+                for estimator, by_horizon in estimators.items()
+            ]
+            table.append(
+                ["behaviour success"] + [format_mean_ci(first[h]["success"]) for h in horizons]
+            )
+            table.append(
+                ["turns / episode"] + [format_mean_ci(first[h]["turns"]) for h in horizons]
+            )
+            lines += report.markdown_rows(["estimator"] + [f"h={h}" for h in horizons], table)
     return "\n".join(lines) + "\n"
 
 

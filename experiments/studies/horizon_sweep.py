@@ -26,7 +26,6 @@ import dataclasses
 import json
 import os
 import time
-from collections import defaultdict
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
@@ -188,12 +187,8 @@ def seed_rows(
     (the first batch, sampled from the starting policy), `env_turns` (experience), and the
     first and last credit-accuracy measurements `credit_<m>_first` / `credit_<m>_last`.
     """
-    by_run = defaultdict(list)
-    for row in metrics:
-        by_run[(str(row["condition"]), int(row["seed"]))].append(row)
     out = []
-    for (condition, seed), run_rows in sorted(by_run.items()):
-        run_rows = sorted(run_rows, key=lambda r: r["update"])
+    for (condition, seed), run_rows in sorted(report.seed_curves(metrics).items()):
         reward, _, estimator = condition.rpartition("/")
         row = dict(horizon=horizon, condition=condition, reward=reward, estimator=estimator)
         row.update(seed=seed, updates=int(run_rows[-1]["update"]))
@@ -247,9 +242,7 @@ def summarize(
         raise ValueError("summarize needs at least one row.")
     evaluated = all(np.isfinite(float(r["eval_sampled_success"])) for r in rows)
     key = "eval_sampled_success" if evaluated else "final_success"
-    cells = defaultdict(list)
-    for row in rows:
-        cells[(int(row["horizon"]), str(row["condition"]))].append(row)
+    cells = report.group_rows(rows, lambda row: (int(row["horizon"]), str(row["condition"])))
     horizons: dict[str, Any] = {}
     for (horizon, condition), seeds in sorted(cells.items()):
         success = [float(r[key]) for r in seeds]
@@ -266,16 +259,15 @@ def summarize(
             "per_seed": {"seed": [int(r["seed"]) for r in seeds], "success": success},
         }
         for name in CREDIT_METRICS:
-            values = [float(r[f"credit_{name}_last"]) for r in seeds]
-            values = [v for v in values if np.isfinite(v)]
-            if values:
-                entry[f"credit_{name}"] = stats.mean_ci(values)
+            credit = stats.finite_mean_ci([float(r[f"credit_{name}_last"]) for r in seeds])
+            if credit is not None:
+                entry[f"credit_{name}"] = credit
         horizons.setdefault(str(horizon), {"conditions": {}})["conditions"][condition] = entry
     for cell in horizons.values():
         scores = {name: e["per_seed"]["success"] for name, e in cell["conditions"].items()}
         cell["comparisons"] = stats.pairwise_comparisons(scores) if len(scores) > 1 else []
         cell["gaps"] = {
-            name: _gap(values, scores[reference], reps)
+            name: stats.bootstrap_mean_difference(values, scores[reference], reps=reps)
             for name, values in scores.items()
             if reference in scores and name != reference
         }
@@ -464,17 +456,8 @@ def _env_section(horizon: int, slack: int) -> dict[str, Any]:
     return dataclasses.asdict(env)
 
 
-def _gap(values: Sequence[float], reference: Sequence[float], reps: int) -> dict[str, float]:
-    rng = np.random.default_rng(0)
-    x, y = np.asarray(values, np.float64), np.asarray(reference, np.float64)
-    boot = [rng.choice(x, x.size).mean() - rng.choice(y, y.size).mean() for _ in range(reps)]
-    low, high = np.percentile(boot, [2.5, 97.5])
-    return {"value": float(x.mean() - y.mean()), "low": float(low), "high": float(high)}
-
-
 def _takeoff(entry: Mapping[str, Any]) -> str:
-    t = entry["takeoff"]
-    return f"{t['k']}/{t['n']} [{t['low']:.2f}, {t['high']:.2f}]"
+    return stats.format_takeoff(entry["takeoff"])
 
 
 def _initial(entry: Mapping[str, Any]) -> str:
@@ -482,13 +465,10 @@ def _initial(entry: Mapping[str, Any]) -> str:
 
 
 def _credit(entry: Mapping[str, Any]) -> str:
-    if "credit_spearman" not in entry:
-        return "n/a"
-    return f"{entry['credit_spearman']['mean']:.2f} ± {entry['credit_spearman']['ci95']:.2f}"
+    return stats.format_mean_ci(entry.get("credit_spearman"))
 
 
-def _interval(estimate: Mapping[str, float]) -> str:
-    return f"{estimate['value']:.3f} [{estimate['low']:.3f}, {estimate['high']:.3f}]"
+_interval = stats.format_interval
 
 
 def _log(start: float, message: str) -> None:

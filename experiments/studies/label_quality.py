@@ -37,9 +37,7 @@ numbers.
 from __future__ import annotations
 
 import functools
-import math
 import os
-from collections import defaultdict
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -53,7 +51,7 @@ import numpy as np
 
 from experiments.studies import common
 from experiments.studies.common import names
-from rlagent.analysis import stats
+from rlagent.analysis import report
 from rlagent.analysis.stats import format_mean_ci
 from rlagent.credit import lm
 from rlagent.credit import mc
@@ -69,6 +67,8 @@ from rlagent.types import Trajectory
 # (labeller, label form) of every row, in table order.
 LABELLERS = (("completion", "hard"), ("completion", "soft"), ("progress", "soft"))
 FILENAME = "label_quality.csv"
+# Summarised per labeller, completer and N: mean and 95% CI over seeds.
+QUALITY_METRICS = ("accuracy", "auroc", "label_turns", "label_turns_per_turn")
 
 
 def run(config: ml_collections.ConfigDict, env: ToolWorld, workdir: str) -> list[dict[str, Any]]:
@@ -318,16 +318,17 @@ _quality = jax.jit(labels.label_quality)
 def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Mean and 95% CI over seeds of accuracy, AUROC and label turns, keyed
     `"labeller/label | behaviour"` -> completer -> str(N)."""
-    cells = defaultdict(list)
-    for row in rows:
-        labeller = f"{row['labeller']}/{row['label']} | {row['behaviour']}"
-        cells[(labeller, row["completer"], int(row["n"]))].append(row)
+    cells = report.group_rows(
+        rows,
+        lambda row: (
+            f"{row['labeller']}/{row['label']} | {row['behaviour']}",
+            row["completer"],
+            int(row["n"]),
+        ),
+    )
     summary: dict[str, Any] = {}
     for (labeller, completer, n), cell in sorted(cells.items(), key=lambda kv: kv[0][2]):
-        entry = {}
-        for metric in ("accuracy", "auroc", "label_turns", "label_turns_per_turn"):
-            values = [float(r[metric]) for r in cell if not math.isnan(float(r[metric]))]
-            entry[metric] = stats.mean_ci(values) if values else None
+        entry: dict[str, Any] = report.cell_mean_cis(cell, QUALITY_METRICS)
         entry["seeds"] = len(cell)
         summary.setdefault(labeller, {}).setdefault(completer, {})[str(n)] = entry
     return summary
@@ -343,16 +344,16 @@ def markdown(summary: Mapping[str, Any]) -> str:
             f"\n### {labeller}: AUROC / accuracy vs the oracle verdict "
             "(environment turns per labelled turn)\n"
         )
-        header = ["completer"] + [f"N={n}" for n in samples]
-        lines.append("| " + " | ".join(header) + " |")
-        lines.append("|" + "---|" * len(header))
-        for completer, by_n in completers.items():
-            cells = [completer] + [
+        table = [
+            [completer]
+            + [
                 f"{format_mean_ci(by_n[n]['auroc'])} / {format_mean_ci(by_n[n]['accuracy'])} "
                 f"({by_n[n]['label_turns_per_turn']['mean']:.1f})"
                 for n in samples
             ]
-            lines.append("| " + " | ".join(cells) + " |")
+            for completer, by_n in completers.items()
+        ]
+        lines += report.markdown_rows(["completer"] + [f"N={n}" for n in samples], table)
     return "\n".join(lines) + "\n"
 
 

@@ -17,7 +17,6 @@ study and the hacking table.
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections import defaultdict
@@ -27,7 +26,6 @@ from typing import Any
 
 import jax
 import ml_collections
-import numpy as np
 
 from experiments.studies import common
 from experiments.studies import label_quality as study
@@ -163,17 +161,13 @@ def hacking_table(
     Returns {prm: {"forms": {form: {metric: mean_ci | None}}, "vs_sum": {form: {...}}}}.
     """
     per_seed: dict[str, dict[str, dict[int, dict[str, float]]]] = defaultdict(dict)
-    curves: dict[tuple[str, int], list[Mapping[str, Any]]] = defaultdict(list)
-    for row in rows:
-        curves[(str(row["condition"]), int(row["seed"]))].append(row)
-    for (condition, seed), seed_rows in curves.items():
+    for (condition, seed), curve in report.seed_curves(rows).items():
         form, _, spec = condition.partition("/prm=")
         if form not in FORMS or not spec:
             continue
-        seed_rows = sorted(seed_rows, key=lambda r: r["update"])
-        tail = seed_rows[-max(1, int(round(len(seed_rows) * final_fraction))) :]
         per_seed[spec].setdefault(form, {})[seed] = {
-            metric: _nanmean([r.get(metric, math.nan) for r in tail]) for metric in HACKING_METRICS
+            metric: report.final_mean(curve, metric, final_fraction, finite_only=True)
+            for metric in HACKING_METRICS
         }
     table = {}
     for prm, forms in per_seed.items():
@@ -201,11 +195,14 @@ def hacking_markdown(table: Mapping[str, Any]) -> str:
         return "No learned-PRM conditions were trained.\n"
     header = ["PRM", "form", "final success", "turns / episode", "turns over plan"]
     header += ["collapse rate", "PRM AUROC (held-out turns)"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for prm, entry in table.items():
-        for form, metrics in entry["forms"].items():
-            cells = [prm, form] + [format_mean_ci(metrics[m], 3) for m in HACKING_METRICS]
-            lines.append("| " + " | ".join(cells) + " |")
+    lines = report.markdown_rows(
+        header,
+        [
+            [prm, form] + [format_mean_ci(metrics[m], 3) for m in HACKING_METRICS]
+            for prm, entry in table.items()
+            for form, metrics in entry["forms"].items()
+        ],
+    )
     lines.append(
         "\nSum form minus the other forms (paired over seeds, mean ± 95% CI); farming = more "
         "turns per episode (CI above 0) and lower success (CI below 0):\n"
@@ -240,12 +237,6 @@ def _farming(delta: Mapping[str, Any]) -> str:
     return "not significant"
 
 
-def _nanmean(values: Sequence[Any]) -> float:
-    finite = [float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)]
-    return float(np.mean(finite)) if finite else math.nan
-
-
 def _mean_ci(values: Sequence[float]) -> dict[str, float] | None:
-    """`stats.mean_ci` of the finite values and their number `n`; None when there is none."""
-    finite = [v for v in values if math.isfinite(v)]
-    return {**stats.mean_ci(finite), "n": len(finite)} if finite else None
+    """Mean ± 95% CI of the finite values and their number `n`; None when there is none."""
+    return stats.finite_mean_ci(values, count=True)

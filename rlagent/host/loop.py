@@ -102,26 +102,16 @@ def run(
     See the module docstring for `resume` / `overwrite` and the errors raised
     (`RunError`, `Diverged`).
     """
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
-    if not seeds:
-        raise ValueError("seeds must name at least one seed.")
+    conditions = list(conditions) if conditions else [config.reward]
+    _check_arguments(config, env, rollout_config, chunk_size, seeds, conditions)
     if resume and overwrite:
         raise ValueError("resume=True and overwrite=True exclude each other.")
-    conditions = list(conditions) if conditions else [config.reward]
     runs = [(condition, int(seed)) for condition in conditions for seed in seeds]
-    for condition in conditions:  # refused before anything is written
-        check_reward(env, reward_weights(config, condition), f"condition {condition!r}")
-    trainer_extras(config, env, rollout_config)
     resolved = provenance.resolved(
-        train=config,
-        env=getattr(env, "config", repr(env)),
-        model=policy_config,
-        rollout=rollout_config,
-        seeds=[int(seed) for seed in seeds],
-        conditions=conditions,
+        train=config, env=getattr(env, "config", repr(env)), model=policy_config,
+        rollout=rollout_config, seeds=[int(seed) for seed in seeds], conditions=conditions,
         **({} if initial_params is None else {"initial_params": initial_params_config}),
-    )
+    )  # fmt: skip
     may_change, note = resumable_fields(config.lr_schedule)
     resume = prepare_workdir(
         workdir, resume=resume, overwrite=overwrite, config=resolved, may_change=may_change,
@@ -151,6 +141,18 @@ def run(
         writer.close()
         if manager is not None:
             manager.close()
+
+
+def _check_arguments(config, env, rollout_config, chunk_size, seeds, conditions) -> None:
+    """Refuses bad arguments before anything is written (a reward form the env cannot
+    pay, an unknown PRM kind)."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
+    if not seeds:
+        raise ValueError("seeds must name at least one seed.")
+    for condition in conditions:
+        check_reward(env, reward_weights(config, condition), f"condition {condition!r}")
+    trainer_extras(config, env, rollout_config)
 
 
 def _initial_state(trainer, config, runs, seeds, initial_params) -> RunnerState:
