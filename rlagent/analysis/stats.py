@@ -15,7 +15,10 @@ metric's range. This module provides, for per-seed scores of several conditions:
   (normalised area under the success curve over a fixed budget of experience) and
   `time_to_threshold` (experience until the first success >= p, censored at the budget
   for seeds that never reach it, never averaged over the reaching seeds only);
-- `plot_performance_profiles`: score distributions with bootstrap bands (rliable).
+- `plot_performance_profiles`: score distributions with bootstrap bands (rliable);
+- for roughly normal per-seed quantities, `mean_ci` / `finite_mean_ci` (Student-t) and
+  `bootstrap_mean_difference` (unpaired difference of means), and the one formatter of
+  each kind of interval for tables: `format_mean_ci`, `format_interval`, `format_takeoff`.
 
 Everything runs on the host in NumPy / SciPy; nothing here is traced.
 """
