@@ -32,13 +32,13 @@ from absl import flags
 from flax import nnx
 from ml_collections import config_flags
 
+from experiments.studies import common
 from rlagent.credit import lm
 from rlagent.credit import mc
 from rlagent.envs.toolworld import ToolWorld
 from rlagent.envs.toolworld import horizon_config
 from rlagent.models import Policy
 from rlagent.rollout import make_rollout
-from rlagent.train import experiment
 from rlagent.train.config import TrainConfig
 from rlagent.train.rewards import reward_weights
 
@@ -55,7 +55,7 @@ _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs per compiled program."
 
 def main(argv):
     del argv
-    setup = experiment.build(_CONFIG.value)
+    setup = common.build(_CONFIG.value)
     graphdef, params = nnx.split(Policy(setup.policy_config, rngs=nnx.Rngs(0)))
     base_s, base_n = _HORIZON.value, _SAMPLES.value
     results = {

@@ -42,8 +42,8 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from experiments.studies import common
 from rlagent.host.extras import trainer_extras
-from rlagent.train import experiment
 from rlagent.train.ppo import make_train
 from rlagent.train.rewards import reward_weights
 
@@ -58,7 +58,7 @@ _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed updates per compiled progra
 def main(argv):
     del argv
     config = _CONFIG.value
-    setup = experiment.build(config)
+    setup = common.build(config)
     seeds = range(config.first_seed, config.first_seed + config.seeds)
     conditions = [name.strip() for name in config.conditions.split(",") if name.strip()]
     runs = [(condition, seed) for condition in conditions for seed in seeds]

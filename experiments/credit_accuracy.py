@@ -5,30 +5,27 @@ r"""How accurate is each advantage estimator's credit, as the horizon grows?
 
 For policies of several skill levels x horizons x estimators x reward forms, scores every
 estimator's per-turn credit against the Monte-Carlo advantage of each played turn
-(`rlagent.credit`). Writes to --workdir: credit.csv (one row per policy x horizon x
-estimator x reward x seed), credit_vs_horizon.png (Spearman correlation vs horizon, one
-line per estimator, 95% CI over seeds), summary.md and summary.json.
+(`experiments.studies.credit_accuracy`). Writes to --workdir: credit.csv (one row per
+policy x horizon x estimator x reward x seed), credit_vs_horizon.png (Spearman
+correlation vs horizon, one line per estimator, 95% CI over seeds), summary.md and
+summary.json. A non-empty --workdir needs `--overwrite` (the study keeps no checkpoints:
+`--resume` is refused). Exits with status 1 and a one-line error when refused or on a
+bad config value.
 """
 
 from __future__ import annotations
 
-import os
-
 from absl import app
-from absl import flags
-from ml_collections import config_flags
 
-from rlagent.credit import study
+from experiments import launch
+from experiments.studies import credit_accuracy
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(__file__), "configs", "credit_accuracy.py")
-)
-_WORKDIR = flags.DEFINE_string("workdir", "runs/credit_accuracy", "Output folder.")
+_FLAGS = launch.define_flags("credit_accuracy")
 
 
 def main(argv):
     del argv
-    study.run(_CONFIG.value, _WORKDIR.value)
+    launch.run_study(credit_accuracy.run, _FLAGS)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ Writes to --workdir: horizon.csv (one row per horizon, condition and seed), hori
 (held-out success, sample efficiency and credit accuracy vs horizon, one line per
 condition, 95% CI bands), summary.md, summary.json, provenance.json, and per horizon a
 folder h<h> with that horizon's metrics.csv, curves, summaries and checkpoints
-(`rlagent.train.horizon_sweep` defines every number). A non-empty --workdir needs
+(`experiments.studies.horizon_sweep` defines every number). A non-empty --workdir needs
 `--resume` (continue; the config must match) or `--overwrite` (start clean). Exits with
 status 1 and a one-line error when refused, on a bad config value, or when training
 diverges (after the report).
@@ -21,7 +21,7 @@ from absl import app
 from absl import flags
 
 from experiments import launch
-from rlagent.train import horizon_sweep
+from experiments.studies import horizon_sweep
 
 _FLAGS = launch.define_flags("horizon_sweep")
 _REPORT_ONLY = flags.DEFINE_bool(
@@ -33,15 +33,7 @@ _REPORT_ONLY = flags.DEFINE_bool(
 
 def main(argv):
     del argv
-    config, workdir = _FLAGS.config.value, _FLAGS.workdir.value
-    if _REPORT_ONLY.value:
-        launch.run_reported(lambda: horizon_sweep.write_report(workdir, config))
-        return
-    launch.run_reported(
-        lambda: horizon_sweep.run(
-            config, workdir, resume=_FLAGS.resume.value, overwrite=_FLAGS.overwrite.value
-        )
-    )
+    launch.run_study(horizon_sweep.run, _FLAGS, report_only=_REPORT_ONLY.value)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,12 @@
 
 `define_flags(name)` defines `--config` (experiments/configs/<name>.py, overridable field
 by field; a misspelled `--config.a.b` exits naming the fields `a` has), `--workdir`
-(runs/<name>), `--resume` and `--overwrite`. `run_reported(fn)` calls the launcher's
-work with Orbax's per-checkpoint INFO lines off; a refused or diverged run, or a bad
-config value, exits with status 1 and a one-line error.
+(runs/<name>), `--resume` and `--overwrite` (and, with `distributed=True`, the
+multi-host flags of `rlagent.parallel` and `--num_devices`). `run_study(study, flags)`
+calls `study(config, workdir, resume=..., overwrite=...)` (every study of
+experiments/studies refuses a non-empty workdir without one of them,
+`rlagent.host.workdir`) with Orbax's per-checkpoint INFO lines off; a refused or
+diverged run, or a bad config value, exits with status 1 and a one-line error.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from experiments.studies import common
+from rlagent import parallel
 from rlagent.host import loop
-from rlagent.train import experiment
 
 
 class LauncherFlags(NamedTuple):
@@ -29,16 +33,19 @@ class LauncherFlags(NamedTuple):
     workdir: flags.FlagHolder
     resume: flags.FlagHolder
     overwrite: flags.FlagHolder
+    distributed: bool  # the multi-host flags are defined: the study takes `mesh`.
 
 
-def define_flags(name: str) -> LauncherFlags:
+def define_flags(name: str, *, distributed: bool = False) -> LauncherFlags:
     """The shared flags of the launcher `experiments.<name>` (see the module docstring)."""
+    if distributed:
+        parallel.define_distributed_flags()
     path = os.path.join(os.path.dirname(__file__), "configs", f"{name}.py")
     try:
         config = config_flags.DEFINE_config_file("config", path)
     except (AttributeError, KeyError) as error:  # a --config.x override names no field.
         default = importlib.import_module(f"experiments.configs.{name}").get_config()
-        sys.exit(f"error: {experiment.unknown_override(default, sys.argv) or error}")
+        sys.exit(f"error: {common.unknown_override(default, sys.argv) or error}")
     return LauncherFlags(
         config=config,
         workdir=flags.DEFINE_string("workdir", f"runs/{name}", "Output folder."),
@@ -48,6 +55,7 @@ def define_flags(name: str) -> LauncherFlags:
         overwrite=flags.DEFINE_bool(
             "overwrite", False, "Replace the results in a non-empty --workdir (refused otherwise)."
         ),
+        distributed=distributed,
     )
 
 
@@ -58,3 +66,29 @@ def run_reported(work: Callable[[], Any]) -> None:
         work()
     except (loop.RunError, ValueError) as error:  # refused, diverged or a bad config value.
         sys.exit(f"error: {error}")
+
+
+def data_mesh() -> Any:
+    """After `define_flags(..., distributed=True)`: initialises a multi-host run when its
+    flags are given; the data mesh over `--num_devices` devices, None when unset."""
+    parallel.maybe_initialize_distributed()
+    num_devices = flags.FLAGS.num_devices
+    return parallel.data_mesh(num_devices) if num_devices else None
+
+
+def run_study(study: Callable[..., Any], launcher: LauncherFlags, **kwargs: Any) -> None:
+    """`study(config, workdir, resume=..., overwrite=..., **kwargs)` from the launcher's
+    flags (and `mesh=data_mesh()` when distributed), through `run_reported`."""
+
+    def work():
+        mesh = {"mesh": data_mesh()} if launcher.distributed else {}
+        return study(
+            launcher.config.value,
+            launcher.workdir.value,
+            resume=launcher.resume.value,
+            overwrite=launcher.overwrite.value,
+            **mesh,
+            **kwargs,
+        )
+
+    run_reported(work)

@@ -7,43 +7,29 @@ r"""Process rewards without hand labels: label quality, PRM-weighted PPO, reward
 Trains PPO with the outcome reward, the oracle verdict (process, potential), the noisy
 oracle and learned process reward models (completion, progress, implicit; sum / min /
 potential forms), then scores automatic step labels against the oracle verdict
-(`rlagent.prm.experiment`). Writes to --workdir: metrics.csv, curves.png (success vs total
-environment turns, labelling continuations counted, 95% CI over seeds), label_quality.csv
-and label_quality.png (AUROC and accuracy vs N continuations per labeller and completer),
-summary.md and summary.json (training statistics, label quality, the reward-hacking
-table), provenance.json, and a folder per PRM kind (TensorBoard, checkpoints). A non-empty
---workdir needs `--resume` (the config must match) or `--overwrite`. Exits with status 1
-and a one-line error when refused or when training diverges.
+(`experiments.studies.process_rewards`). Writes to --workdir: metrics.csv, curves.png
+(success vs total environment turns, labelling continuations counted, 95% CI over seeds),
+label_quality.csv and label_quality.png (AUROC and accuracy vs N continuations per
+labeller and completer), summary.md and summary.json (training statistics, label quality,
+the reward-hacking table), provenance.json, and a folder per PRM kind (TensorBoard,
+checkpoints). A non-empty --workdir needs `--resume` (the config must match) or
+`--overwrite`. Exits with status 1 and a one-line error when refused or when training
+diverges.
 """
 
 from __future__ import annotations
 
 from absl import app
-from absl import flags
 
 from experiments import launch
-from rlagent import parallel
-from rlagent.prm import experiment as prm_experiment
+from experiments.studies import process_rewards
 
-_FLAGS = launch.define_flags("process_rewards")
-parallel.define_distributed_flags()
+_FLAGS = launch.define_flags("process_rewards", distributed=True)
 
 
 def main(argv):
     del argv
-    parallel.maybe_initialize_distributed()
-    launch.run_reported(run)
-
-
-def run() -> None:
-    num_devices = flags.FLAGS.num_devices
-    prm_experiment.run(
-        _FLAGS.config.value,
-        _FLAGS.workdir.value,
-        resume=_FLAGS.resume.value,
-        overwrite=_FLAGS.overwrite.value,
-        mesh=parallel.data_mesh(num_devices) if num_devices else None,
-    )
+    launch.run_study(process_rewards.run, _FLAGS)
 
 
 if __name__ == "__main__":

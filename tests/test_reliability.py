@@ -28,6 +28,8 @@ from test_train import POLICY
 from test_train import ROLLOUT
 
 from experiments.configs import sparse_vs_dense as default_config
+from experiments.studies import common
+from experiments.studies.sparse_vs_dense import reward_runs
 from rlagent.analysis import report
 from rlagent.envs.toolworld import ToolWorldConfig
 from rlagent.host import loop
@@ -36,7 +38,6 @@ from rlagent.host.writers import MetricWriter
 from rlagent.models import PolicyConfig
 from rlagent.rollout import RolloutConfig
 from rlagent.train import TrainConfig
-from rlagent.train import experiment
 from rlagent.train.ppo import NONFINITE_METRICS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -195,7 +196,7 @@ def test_launcher_exits_non_zero_on_divergence(tmp_path, monkeypatch):
     def diverge(*args, **kwargs):
         raise loop.Diverged("Diverged at update 2: non-finite outcome/seed 0: loss.", [])
 
-    monkeypatch.setattr(experiment, "run_and_report", diverge)
+    monkeypatch.setattr(common, "run_and_report", diverge)
     flags.FLAGS(["sparse_vs_dense", f"--workdir={tmp_path}"])
     try:
         with pytest.raises(SystemExit, match="error: Diverged at update 2"):
@@ -220,7 +221,7 @@ def test_experiment_reports_a_diverged_run_then_raises(tmp_path, monkeypatch):
     config = default_config.get_config()
     config.conditions, config.seeds = "outcome,process", 1
     with pytest.raises(loop.Diverged, match="rewards: Diverged at update 2"):
-        experiment.run_and_report(experiment.reward_runs(config), config, workdir=str(tmp_path))
+        common.run_and_report(reward_runs(config), config, workdir=str(tmp_path))
     table = (tmp_path / "summary.md").read_text()
     assert "| outcome (DIVERGED: 1 seeds) |" in table and "| process |" in table
     saved = json.loads((tmp_path / "summary.json").read_text())
@@ -232,10 +233,10 @@ def test_experiment_refuses_non_empty_workdir_and_bad_seeds(tmp_path):
     config = default_config.get_config()
     (tmp_path / "metrics.csv").write_text("update\n1\n")
     with pytest.raises(loop.RunError, match="--resume.*--overwrite"):
-        experiment.run_and_report(experiment.reward_runs(config), config, workdir=str(tmp_path))
+        common.run_and_report(reward_runs(config), config, workdir=str(tmp_path))
     config.seeds = 0
     with pytest.raises(ValueError, match="config.seeds must be >= 1"):
-        experiment.run_and_report(experiment.reward_runs(config), config, workdir=str(tmp_path))
+        common.run_and_report(reward_runs(config), config, workdir=str(tmp_path))
 
 
 def test_every_config_field_is_settable_and_misspellings_list_the_fields():
@@ -245,10 +246,10 @@ def test_every_config_field_is_settable_and_misspellings_list_the_fields():
         assert set(config[section]) == {f.name for f in dataclasses.fields(cls)}, section
     config.train.kl_target = 0.02  # a None default is a typed placeholder.
     config.train.gamma = 0.9
-    assert experiment.build(config).train_config.kl_target == 0.02
-    message = experiment.unknown_override(config, ["--config.train.gamm=0.9"])
+    assert common.build(config).train_config.kl_target == 0.02
+    message = common.unknown_override(config, ["--config.train.gamm=0.9"])
     assert message.startswith("Unknown config field config.train.gamm;") and "gamma" in message
-    assert experiment.unknown_override(config, ["--config.train.gamma=0.9"]) is None
+    assert common.unknown_override(config, ["--config.train.gamma=0.9"]) is None
     launch = [sys.executable, "-m", "experiments.sparse_vs_dense", "--workdir=/nonexistent"]
     result = subprocess.run([*launch, "--config.train.gamm=0.9"], capture_output=True,
                             text=True, cwd=ROOT, timeout=300)  # fmt: skip

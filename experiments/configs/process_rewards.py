@@ -45,7 +45,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.prm_label_episodes = 8  # of the 64 episodes per update, labelled by MC.
     config.train.prm_label_samples = 4  # N continuations per label.
 
-    # The label-quality study (rlagent.prm.study), run first.
+    # The label-quality study (experiments.studies.label_quality), run after training.
     labels = ml_collections.ConfigDict()
     # Behaviour policies whose turns are labelled: environment-level ('random',
     # 'prover_<eps>': per turn the oracle with probability eps, else random) or 'ppo_<k>'

@@ -10,12 +10,12 @@ field can be overridden from the command line.
 
 import ml_collections
 
+from experiments.studies.common import section
 from rlagent.envs.toolworld import ToolWorldConfig
 from rlagent.envs.toolworld import dsl
 from rlagent.models import PolicyConfig
 from rlagent.rollout import RolloutConfig
 from rlagent.train.config import TrainConfig
-from rlagent.train.experiment import section
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -13,7 +13,10 @@ be computed from `summary.json` alone.
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
+from collections.abc import Callable
+from collections.abc import Iterable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
@@ -47,9 +50,6 @@ def summarize(
 ) -> dict[str, Any]:
     """Per-condition summary and pairwise comparisons of `metric` (success by default).
 
-    (One pass over conditions and seeds computing every per-seed quantity, then their
-    intervals; the length is mostly this docstring, which defines each quantity.)
-
     Per seed: `final_<metric>` is the mean of `metric` over the last `final_fraction` of
     updates; `auc` the normalised area under its curve over the common budget of
     experience (the least environment turns any run had, so that every seed is compared
@@ -80,35 +80,19 @@ def summarize(
     for condition, seeds in curves.items():
         per_seed: dict[str, list] = defaultdict(list)
         for seed_rows in seeds:
-            tail = seed_rows[-max(1, int(round(len(seed_rows) * final_fraction))) :]
-            values = [float(r[metric]) for r in seed_rows]
-            turns = [float(r[experience]) for r in seed_rows]
-            per_seed["seed"].append(int(seed_rows[0]["seed"]))
-            per_seed[final_key].append(float(np.mean([r[metric] for r in tail])))
-            per_seed["auc"].append(stats.area_under_curve(values, turns, budget))
-            for p in thresholds:
-                time, reached = stats.time_to_threshold(values, turns, p, budget)
-                per_seed[_turns_key(p)].append(time)
-                per_seed[f"reached_{int(p * 100)}"].append(reached)
-            for key in _FINAL_METRICS:
-                if key in seed_rows[0]:
-                    per_seed[key].append(float(np.mean([r[key] for r in tail])))
-            for key in EVAL_SUCCESS:
-                evaluated = [float(r[key]) for r in seed_rows if np.isfinite(r.get(key, np.nan))]
-                if evaluated:
-                    per_seed[key].append(evaluated[-1])
-            if "violation_rate" in seed_rows[0]:
-                per_seed["violation_rate_all"].append(
-                    float(np.mean([r["violation_rate"] for r in seed_rows]))
-                )
+            values = _seed_values(
+                seed_rows, metric=metric, thresholds=thresholds, final_fraction=final_fraction,
+                budget=budget, experience=experience,
+            )  # fmt: skip
+            for key, value in values.items():
+                per_seed[key].append(value)
         entry: dict[str, Any] = {"num_seeds": len(seeds), "seeds": per_seed.pop("seed")}
         entry["diverged_seeds"] = sum(
             any(row.get(key, 0) > 0 for row in seed_rows for key in NONFINITE_METRICS)
             for seed_rows in seeds
         )
         entry["per_seed"] = dict(per_seed)
-        for key in (final_key, "auc", *(k for k in EVAL_SUCCESS if len(per_seed[k]) == len(seeds))):
-            entry[key] = stats.interval_estimates({condition: per_seed[key]}, reps=reps)[condition]
+        entry.update(_intervals(condition, per_seed, len(seeds), final_key, reps))
         entry["takeoff"] = stats.takeoff_rate(per_seed[final_key], takeoff)
         for p in thresholds:
             entry[_turns_key(p)] = stats.censored_summary(
@@ -134,6 +118,105 @@ def summarize(
     return {"conditions": conditions, "comparisons": comparisons, "settings": settings}
 
 
+def _seed_values(
+    seed_rows: Sequence[Mapping[str, Any]],
+    *,
+    metric: str,
+    thresholds: Sequence[float],
+    final_fraction: float,
+    budget: float,
+    experience: str,
+) -> dict[str, Any]:
+    """One seed's quantities of `summarize` (see there), in the summary's key order."""
+    values = [float(r[metric]) for r in seed_rows]
+    turns = [float(r[experience]) for r in seed_rows]
+    out = {
+        "seed": int(seed_rows[0]["seed"]),
+        f"final_{metric}": final_mean(seed_rows, metric, final_fraction),
+        "auc": stats.area_under_curve(values, turns, budget),
+    }
+    for p in thresholds:
+        time, reached = stats.time_to_threshold(values, turns, p, budget)
+        out[_turns_key(p)] = time
+        out[f"reached_{int(p * 100)}"] = reached
+    for key in _FINAL_METRICS:
+        if key in seed_rows[0]:
+            out[key] = final_mean(seed_rows, key, final_fraction)
+    for key in EVAL_SUCCESS:
+        evaluated = [float(r[key]) for r in seed_rows if np.isfinite(r.get(key, np.nan))]
+        if evaluated:
+            out[key] = evaluated[-1]
+    if "violation_rate" in seed_rows[0]:
+        out["violation_rate_all"] = float(np.mean([r["violation_rate"] for r in seed_rows]))
+    return out
+
+
+def _intervals(condition, per_seed, num_seeds, final_key, reps) -> dict[str, Any]:
+    """Bootstrap IQM and mean of the final value, the AUC and the held-out successes every
+    seed was evaluated on."""
+    evaluated = [k for k in EVAL_SUCCESS if len(per_seed[k]) == num_seeds]
+    return {
+        key: stats.interval_estimates({condition: per_seed[key]}, reps=reps)[condition]
+        for key in (final_key, "auc", *evaluated)
+    }
+
+
+# Rows of runs: curves per seed, final values, cells of a table ---------------------------
+
+
+def seed_curves(
+    rows: Sequence[Mapping[str, Any]],
+) -> dict[tuple[str, int], list[Mapping[str, Any]]]:
+    """Rows grouped by (condition, seed), in order of appearance; each run's rows sorted by
+    update (its learning curve)."""
+    grouped: dict[tuple[str, int], list[Mapping[str, Any]]] = defaultdict(list)
+    for row in rows:
+        grouped[(str(row["condition"]), int(row["seed"]))].append(row)
+    return {key: sorted(curve, key=lambda r: r["update"]) for key, curve in grouped.items()}
+
+
+def final_rows(curve: Sequence[Mapping[str, Any]], fraction: float) -> Sequence[Mapping[str, Any]]:
+    """The last `fraction` of a run's rows (sorted by update), at least one."""
+    return curve[-max(1, int(round(len(curve) * fraction))) :]
+
+
+def final_mean(
+    curve: Sequence[Mapping[str, Any]], key: str, fraction: float, *, finite_only: bool = False
+) -> float:
+    """Mean of `key` over the last `fraction` of a run's updates (`final_rows`).
+
+    `finite_only`: rows without a finite value (NaN: not measured that update) are skipped,
+    NaN when none has one."""
+    tail = final_rows(curve, fraction)
+    if not finite_only:
+        return float(np.mean([r[key] for r in tail]))
+    values = [r.get(key, math.nan) for r in tail]
+    finite = [float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)]
+    return float(np.mean(finite)) if finite else math.nan
+
+
+def group_rows(rows: Iterable[Mapping[str, Any]], key: Callable[[Mapping[str, Any]], Any]):
+    """Rows grouped into cells by `key(row)`, in order of appearance: {key: [rows]}."""
+    cells: dict[Any, list[Mapping[str, Any]]] = defaultdict(list)
+    for row in rows:
+        cells[key(row)].append(row)
+    return cells
+
+
+def cell_mean_cis(
+    cell: Sequence[Mapping[str, Any]], metrics: Sequence[str]
+) -> dict[str, dict[str, float] | None]:
+    """Per metric, mean and Student-t 95% CI over a cell's rows (seeds) of its finite
+    values (`stats.finite_mean_ci`; None when no row measured it)."""
+    return {m: stats.finite_mean_ci([float(r[m]) for r in cell]) for m in metrics}
+
+
+def markdown_rows(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """The lines of a Markdown table: header, separator, one line per row of cells."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(cells) + " |" for cells in rows]
+
+
 def markdown_table(summary: Mapping[str, Any]) -> str:
     """The summary as Markdown: one row per condition, then the pairwise comparisons."""
     settings = summary["settings"]
@@ -146,14 +229,14 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
     evals = [k for k in EVAL_SUCCESS if all(k in e for e in summary["conditions"].values())]
     header += [f"held-out {k.split('_')[1]} success: IQM [95% CI]" for k in evals]
     header += ["violation rate (whole run)", "collapse rate", "turns / episode"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = markdown_rows(header, [])
     for condition, entry in summary["conditions"].items():
         takeoff = entry["takeoff"]
         if entry.get("diverged_seeds"):
             condition = f"{condition} (DIVERGED: {entry['diverged_seeds']} seeds)"
         cells = [condition, str(entry["num_seeds"])]
         cells += [_interval(entry[final_key]["iqm"]), _interval(entry[final_key]["mean"])]
-        cells += [f"{takeoff['k']}/{takeoff['n']} [{takeoff['low']:.2f}, {takeoff['high']:.2f}]"]
+        cells += [stats.format_takeoff(takeoff)]
         cells += [_interval(entry["auc"]["mean"])]
         for p in thresholds:
             hit = entry[_turns_key(p)]
@@ -286,13 +369,10 @@ def write_summary(
 
 def _curves(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[list[Mapping[str, Any]]]]:
     """Rows grouped by condition, then by seed; each seed's rows sorted by update."""
-    grouped: dict[str, dict[int, list[Mapping[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for row in rows:
-        grouped[str(row["condition"])][int(row["seed"])].append(row)
-    return {
-        condition: [sorted(r, key=lambda x: x["update"]) for r in seeds.values()]
-        for condition, seeds in grouped.items()
-    }
+    grouped: dict[str, list[list[Mapping[str, Any]]]] = defaultdict(list)
+    for (condition, _), curve in seed_curves(rows).items():
+        grouped[condition].append(curve)
+    return dict(grouped)
 
 
 def _moving_average(values: np.ndarray, window: int) -> np.ndarray:
@@ -305,8 +385,7 @@ def _moving_average(values: np.ndarray, window: int) -> np.ndarray:
     return (cumulative - shifted[..., : values.shape[-1]]) / counts
 
 
-def _interval(estimate: Mapping[str, float]) -> str:
-    return f"{estimate['value']:.3f} [{estimate['low']:.3f}, {estimate['high']:.3f}]"
+_interval = stats.format_interval
 
 
 def _turns_key(threshold: float) -> str:

@@ -15,7 +15,10 @@ metric's range. This module provides, for per-seed scores of several conditions:
   (normalised area under the success curve over a fixed budget of experience) and
   `time_to_threshold` (experience until the first success >= p, censored at the budget
   for seeds that never reach it, never averaged over the reaching seeds only);
-- `plot_performance_profiles`: score distributions with bootstrap bands (rliable).
+- `plot_performance_profiles`: score distributions with bootstrap bands (rliable);
+- for roughly normal per-seed quantities, `mean_ci` / `finite_mean_ci` (Student-t) and
+  `bootstrap_mean_difference` (unpaired difference of means), and the one formatter of
+  each kind of interval for tables: `format_mean_ci`, `format_interval`, `format_takeoff`.
 
 Everything runs on the host in NumPy / SciPy; nothing here is traced.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
@@ -90,11 +94,42 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> dict[str, floa
     return {"mean": float(x.mean()), "std": std, "ci95": quantile * std / np.sqrt(x.size)}
 
 
-def format_mean_ci(estimate: dict[str, float] | None, digits: int = 2) -> str:
+def finite_mean_ci(values: Sequence[float], *, count: bool = False) -> dict[str, float] | None:
+    """`mean_ci` of the finite values (NaN marks "not measured"); None when there is none.
+    `count=True` adds their number `n`."""
+    finite = [float(v) for v in values if math.isfinite(float(v))]
+    if not finite:
+        return None
+    return {**mean_ci(finite), "n": len(finite)} if count else mean_ci(finite)
+
+
+def format_mean_ci(estimate: Mapping[str, float] | None, digits: int = 2) -> str:
     """`"mean ± ci95"` of a `mean_ci` result (`"n/a"` for None), for Markdown tables."""
     if estimate is None:
         return "n/a"
     return f"{estimate['mean']:.{digits}f} ± {estimate['ci95']:.{digits}f}"
+
+
+def format_interval(estimate: Mapping[str, float]) -> str:
+    """`"value [low, high]"` of an interval estimate (`interval_estimates`' iqm / mean)."""
+    return f"{estimate['value']:.3f} [{estimate['low']:.3f}, {estimate['high']:.3f}]"
+
+
+def format_takeoff(takeoff: Mapping[str, Any]) -> str:
+    """`"k/n [low, high]"` of a `takeoff_rate` result."""
+    return f"{takeoff['k']}/{takeoff['n']} [{takeoff['low']:.2f}, {takeoff['high']:.2f}]"
+
+
+def bootstrap_mean_difference(
+    values: Sequence[float], reference: Sequence[float], *, reps: int = 2000, seed: int = 0
+) -> dict[str, float]:
+    """Mean of `values` minus mean of `reference` with a 95% percentile bootstrap CI, the
+    two samples resampled independently (unpaired seeds): {"value", "low", "high"}."""
+    rng = np.random.default_rng(seed)
+    x, y = np.asarray(values, np.float64), np.asarray(reference, np.float64)
+    boot = [rng.choice(x, x.size).mean() - rng.choice(y, y.size).mean() for _ in range(reps)]
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return {"value": float(x.mean() - y.mean()), "low": float(low), "high": float(high)}
 
 
 def takeoff_rate(values: Sequence[float], threshold: float, confidence: float = 0.95):

@@ -1,3 +1,3 @@
-"""The host side every launcher uses: the training loop (chunks, metrics, checkpoints,
-exact and checked resume, refuse / overwrite of a run folder, held-out evaluation),
-provenance and metric writers."""
+"""The host side every launcher uses: run folders (`workdir`: refuse / overwrite / checked
+resume, for the loop and every study), the training loop (`loop`: chunks, metrics,
+checkpoints, exact resume, held-out evaluation), provenance and metric writers."""

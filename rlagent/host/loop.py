@@ -7,8 +7,8 @@ checkpoint and continues exactly (the PRNG key lives in the state, so the contin
 equals an uninterrupted one).
 
 What a run folder guarantees:
-- A new run refuses a folder that holds anything unless `overwrite=True` (which removes
-  the old metrics, checkpoints, TensorBoard events and provenance first) or `resume=True`.
+- A new run refuses a folder that holds anything unless `overwrite=True` (which empties
+  it first) or `resume=True` (`rlagent.host.workdir`, shared with every study).
 - `provenance.json` stores the resolved config; `resume=True` refuses a different one
   with a one-line diff. Only `RESUMABLE_FIELDS` may change (`train.num_updates` only with
   a constant learning rate, since decaying schedules span `num_updates`); the arguments
@@ -38,6 +38,10 @@ from tqdm.auto import tqdm
 
 from rlagent.host import provenance
 from rlagent.host.extras import trainer_extras
+from rlagent.host.workdir import RESUMABLE_FIELDS
+from rlagent.host.workdir import RunError
+from rlagent.host.workdir import prepare_workdir
+from rlagent.host.workdir import resumable_fields
 from rlagent.host.writers import MetricWriter
 from rlagent.train import evaluation
 from rlagent.train.config import TrainConfig
@@ -48,18 +52,7 @@ from rlagent.train.ppo import make_train
 from rlagent.train.rewards import check_reward
 from rlagent.train.rewards import reward_weights
 
-# Files and folders of a run folder that `overwrite=True` removes.
-RUN_FILES = ("metrics.csv", "checkpoints", "tensorboard", provenance.FILENAME)
-# Config fields a resumed run may change (dotted paths into the resolved config).
-RESUMABLE_FIELDS = ("train.num_updates",)
-_RESUMABLE_NOTE = (
-    "nothing may change on resume with a decaying lr_schedule, which spans num_updates",
-    f"only {', '.join(RESUMABLE_FIELDS)} may change on resume",
-)
-
-
-class RunError(RuntimeError):
-    """A run refused or stopped: the message says why and what to do."""
+__all__ = ["RESUMABLE_FIELDS", "Diverged", "RunError", "clear_compiled", "run"]
 
 
 class Diverged(RunError):
@@ -92,9 +85,6 @@ def run(
 ) -> list[dict[str, Any]]:
     """Trains every (reward condition, seed) pair in parallel; returns all metric rows.
 
-    (Long for its argument checks and the try/finally that closes writers and checkpoint
-    managers on every exit path; the training itself is `_train`.)
-
     `conditions` names reward forms (`rlagent.train.config.REWARDS`; default
     `[config.reward]`): they differ only in the reward weights carried in the runner
     state, so all runs share one compiled program. Each row is one (update, condition,
@@ -112,39 +102,24 @@ def run(
     See the module docstring for `resume` / `overwrite` and the errors raised
     (`RunError`, `Diverged`).
     """
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
-    if not seeds:
-        raise ValueError("seeds must name at least one seed.")
+    conditions = list(conditions) if conditions else [config.reward]
+    _check_arguments(config, env, rollout_config, chunk_size, seeds, conditions)
     if resume and overwrite:
         raise ValueError("resume=True and overwrite=True exclude each other.")
-    conditions = list(conditions) if conditions else [config.reward]
     runs = [(condition, int(seed)) for condition in conditions for seed in seeds]
-    for condition in conditions:  # refused before anything is written
-        check_reward(env, reward_weights(config, condition), f"condition {condition!r}")
-    trainer_extras(config, env, rollout_config)
-    env_config = getattr(env, "config", repr(env))
     resolved = provenance.resolved(
-        train=config,
-        env=env_config,
-        model=policy_config,
-        rollout=rollout_config,
-        seeds=[int(seed) for seed in seeds],
-        conditions=conditions,
+        train=config, env=getattr(env, "config", repr(env)), model=policy_config,
+        rollout=rollout_config, seeds=[int(seed) for seed in seeds], conditions=conditions,
         **({} if initial_params is None else {"initial_params": initial_params_config}),
-    )
-    resume = _prepare_workdir(workdir, resolved, config, resume=resume, overwrite=overwrite)
-    os.makedirs(workdir, exist_ok=True)
+    )  # fmt: skip
+    may_change, note = resumable_fields(config.lr_schedule)
+    resume = prepare_workdir(
+        workdir, resume=resume, overwrite=overwrite, config=resolved, may_change=may_change,
+        note=note,
+    )  # fmt: skip
     provenance.write(workdir, provenance.collect(resolved, chunk_size=chunk_size))
     trainer = _trainer(config, env, policy_config, rollout_config, mesh)
-    keys = jnp.stack([jax.random.PRNGKey(seed) for _, seed in runs])
-    weights = jnp.stack([reward_weights(config, condition) for condition, _ in runs])
-    state = _init(trainer)(keys, weights)
-    if initial_params is not None:
-        # Adam's moments start at zero whatever the parameters, so opt_state stays valid.
-        index = jnp.asarray([list(seeds).index(seed) for _, seed in runs])
-        params = jax.tree.map(lambda x: jnp.asarray(x)[index], initial_params)
-        state = state._replace(params=params, ref_params=params)
+    state = _initial_state(trainer, config, runs, seeds, initial_params)
     writer, manager = MetricWriter(workdir, tensorboard=tensorboard), None
     try:
         manager = _checkpoint_manager(workdir) if checkpoint else None
@@ -158,36 +133,53 @@ def run(
         if config.eval_every:
             evaluate = _evaluator(trainer, env, rollout_config, config.eval_episodes)
         return _train(
-            trainer,
-            evaluate,
-            state,
-            done,
-            rows,
-            runs,
-            config,
-            writer,
-            manager,
-            chunk_size=chunk_size,
-            stop_after=stop_after,
+            trainer, evaluate, state, done=done, rows=rows, runs=runs, config=config,
+            writer=writer, manager=manager, chunk_size=chunk_size, stop_after=stop_after,
             progress=progress,
-        )
+        )  # fmt: skip
     finally:
         writer.close()
         if manager is not None:
             manager.close()
 
 
+def _check_arguments(config, env, rollout_config, chunk_size, seeds, conditions) -> None:
+    """Refuses bad arguments before anything is written (a reward form the env cannot
+    pay, an unknown PRM kind)."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
+    if not seeds:
+        raise ValueError("seeds must name at least one seed.")
+    for condition in conditions:
+        check_reward(env, reward_weights(config, condition), f"condition {condition!r}")
+    trainer_extras(config, env, rollout_config)
+
+
+def _initial_state(trainer, config, runs, seeds, initial_params) -> RunnerState:
+    """Every run's fresh state; `initial_params` (`[len(seeds)]`) replace the policy and
+    its KL reference per seed, alike for every condition."""
+    keys = jnp.stack([jax.random.PRNGKey(seed) for _, seed in runs])
+    weights = jnp.stack([reward_weights(config, condition) for condition, _ in runs])
+    state = _init(trainer)(keys, weights)
+    if initial_params is None:
+        return state
+    # Adam's moments start at zero whatever the parameters, so opt_state stays valid.
+    index = jnp.asarray([list(seeds).index(seed) for _, seed in runs])
+    params = jax.tree.map(lambda x: jnp.asarray(x)[index], initial_params)
+    return state._replace(params=params, ref_params=params)
+
+
 def _train(
     trainer,
     evaluate,
     state,
+    *,
     done,
     rows,
     runs,
     config,
     writer,
     manager,
-    *,
     chunk_size,
     stop_after,
     progress,
@@ -238,39 +230,6 @@ def _train(
     finally:
         bar.close()
     return rows
-
-
-def _prepare_workdir(workdir, resolved, config, *, resume, overwrite) -> bool:
-    """Checks the run folder against the request; returns whether there is a run to resume."""
-    entries = sorted(os.listdir(workdir)) if os.path.isdir(workdir) else []
-    if resume:
-        if not entries:
-            logging.warning("--resume: %s holds no run; starting from scratch.", workdir)
-            return False
-        stored = provenance.read(workdir)
-        if stored is None:
-            raise RunError(
-                f"Cannot resume {workdir}: it has no {provenance.FILENAME}, so "
-                "its config is unknown; pass overwrite to start again."
-            )
-        may_change = RESUMABLE_FIELDS if config.lr_schedule == "constant" else ()
-        diff = provenance.config_mismatch(stored["config"], resolved, may_change)
-        if diff:
-            raise RunError(
-                f"Cannot resume {workdir} with a different config: {'; '.join(diff)} "
-                f"({_RESUMABLE_NOTE[bool(may_change)]})."
-            )
-        return True
-    if entries and not overwrite:
-        raise RunError(
-            f"{workdir} is not empty ({', '.join(entries[:5])}); pass resume to "
-            "continue that run or overwrite to replace it."
-        )
-    for name in entries:
-        path = os.path.join(workdir, name)
-        if name in RUN_FILES:
-            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-    return False
 
 
 def _restore(manager: ocp.CheckpointManager, state: RunnerState) -> tuple[int, RunnerState]:

@@ -22,13 +22,10 @@ from how well a critic happened to train; a learned critic adds its bias on top.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
-import math
 import os
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -39,27 +36,27 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import nnx
 
-from rlagent.analysis import stats
+from experiments.studies.common import LMSetup
+from experiments.studies.common import checkpoint
+from experiments.studies.common import env_policy
+from experiments.studies.common import estimator_config
+from experiments.studies.common import lm_setup
+from experiments.studies.common import names
+from rlagent.analysis import report
 from rlagent.analysis.stats import format_mean_ci
 from rlagent.credit import accuracy
 from rlagent.credit import lm
 from rlagent.credit import mc
 from rlagent.envs.base import verdict_of
 from rlagent.envs.toolworld import ToolWorld
-from rlagent.envs.toolworld import dsl
 from rlagent.envs.toolworld import horizon_config
 from rlagent.host import provenance
-from rlagent.host.extras import trainer_extras
+from rlagent.host.workdir import prepare_workdir
+from rlagent.host.workdir import refuse_resume
 from rlagent.host.writers import MetricWriter
-from rlagent.models import Policy
-from rlagent.models import PolicyConfig
-from rlagent.rollout import RolloutConfig
 from rlagent.rollout import make_rollout
-from rlagent.train import make_train
 from rlagent.train.config import TrainConfig
-from rlagent.train.experiment import names
 from rlagent.train.rewards import reward_weights
 from rlagent.train.rewards import turn_rewards
 from rlagent.types import Trajectory
@@ -67,10 +64,21 @@ from rlagent.types import Trajectory
 METRICS = tuple(accuracy.CreditAccuracy._fields)
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def run(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> dict[str, Any]:
     """Runs the study; writes credit.csv, credit_vs_horizon.png (Spearman),
-    auroc_vs_horizon.png, summary.md, summary.json and provenance.json."""
-    os.makedirs(workdir, exist_ok=True)
+    auroc_vs_horizon.png, summary.md, summary.json and provenance.json.
+
+    A non-empty `workdir` is refused unless `overwrite` (which empties it first); the
+    study keeps no checkpoints, so `resume` is refused.
+    """
+    if resume:
+        raise refuse_resume("experiments.credit_accuracy")
     base = TrainConfig.from_mapping(
         {**config.train, "num_groups": config.num_groups, "group_size": config.group_size}
     )
@@ -79,6 +87,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         for spec in names(config.estimators, "estimators", "estimator")
     }
     rewards = names(config.rewards, "rewards", "reward form")
+    prepare_workdir(workdir, overwrite=overwrite, resumable=False)
     weights = jnp.stack([reward_weights(base, r) for r in rewards])
     rows = []
     start = time.time()
@@ -156,21 +165,6 @@ def make_measure(env: ToolWorld, name: str, base: TrainConfig, config) -> Callab
     return lambda key, weights: measure(None, key, weights)
 
 
-def env_policy(env: ToolWorld, name: str) -> mc.EnvPolicy:
-    """The environment-level policy called `name`: `random` (uniform over the grammar),
-    `prover_<eps>` (per turn the oracle with probability eps, else random) or `oracle`."""
-    if name == "random":
-        return mc.uniform_random(env)
-    if name == "oracle":
-        return mc.oracle(env)
-    if name.startswith("prover_"):
-        epsilon = float(name.removeprefix("prover_"))
-        return mc.mixture(mc.uniform_random(env), mc.oracle(env), epsilon)
-    raise ValueError(
-        f"Unknown policy {name!r}: 'random', 'prover_<eps>', 'oracle' or 'ppo_<updates>'."
-    )
-
-
 @functools.cache
 def _lm_measure(env: ToolWorld, setup: LMSetup, base: TrainConfig, sampling) -> Callable:
     """One compiled measurement per environment, shared by every LM checkpoint."""
@@ -225,48 +219,6 @@ def _measure_fn(episodes: Callable, base: TrainConfig, sampling: _Sampling) -> C
     return measure
 
 
-class LMSetup(NamedTuple):
-    """The policy LM of the `ppo_<k>` policies: its configs and graph."""
-
-    policy_config: PolicyConfig
-    rollout_config: RolloutConfig
-    graphdef: Any
-
-
-@functools.cache
-def _lm_setup_cached(model: tuple, rollout: tuple) -> LMSetup:
-    policy_config = PolicyConfig(**{"vocab_size": dsl.VOCAB_SIZE, **dict(model)})
-    rollout_config = RolloutConfig(**dict(rollout))
-    abstract = nnx.eval_shape(lambda: Policy(policy_config, rngs=nnx.Rngs(0)))
-    return LMSetup(policy_config, rollout_config, nnx.split(abstract)[0])
-
-
-def lm_setup(config) -> LMSetup:
-    """Policy and rollout configs of the LM policies (one graph for every horizon)."""
-    return _lm_setup_cached(
-        tuple(sorted(config.model.items())), tuple(sorted(config.rollout.items()))
-    )
-
-
-def checkpoint(env: ToolWorld, setup: LMSetup, config, num_updates: int):
-    """Parameters after `num_updates` PPO updates on `env` (0: the initial policy).
-
-    `config.ppo` holds the TrainConfig fields of the run, `config.first_seed` its seed.
-    """
-    train_config = TrainConfig.from_mapping({**config.ppo, "num_updates": max(num_updates, 1)})
-    trainer = make_train(
-        train_config,
-        env,
-        setup.policy_config,
-        setup.rollout_config,
-        **trainer_extras(train_config, env, setup.rollout_config),
-    )
-    state = trainer.init(jax.random.key(config.first_seed))
-    if num_updates:
-        state, _ = jax.jit(trainer.train)(jax.random.key(config.first_seed))
-    return state.params
-
-
 @functools.partial(jax.jit, static_argnums=0)
 def _score_jit(est_config, trajectory, values, rewards, advantage, advantage_se):
     turn_mask = trajectory.turn_mask
@@ -290,29 +242,17 @@ def _score(est_config: TrainConfig, batch: _Batch, r: int, weights) -> accuracy.
     )
 
 
-def estimator_config(base: TrainConfig, spec: str) -> TrainConfig:
-    """`name` or `name@lam` (e.g. `gae_token@0.9`) -> the TrainConfig of that estimator."""
-    name, _, lam = spec.partition("@")
-    fields = {"estimator": name}
-    if lam:
-        fields["lam"] = float(lam)
-    return dataclasses.replace(base, **fields)
-
-
 # Reports --------------------------------------------------------------------------------
 
 
 def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Mean and 95% CI over seeds of every metric, keyed reward / policy / estimator / horizon."""
-    cells = defaultdict(list)
-    for row in rows:
-        cells[(row["reward"], row["policy"], row["estimator"], row["horizon"])].append(row)
+    cells = report.group_rows(
+        rows, lambda row: (row["reward"], row["policy"], row["estimator"], row["horizon"])
+    )
     summary: dict[str, Any] = {}
     for (reward, policy, estimator, horizon), cell in cells.items():
-        entry = {}
-        for metric in METRICS + ("success", "turns"):
-            values = [r[metric] for r in cell if not math.isnan(r[metric])]
-            entry[metric] = stats.mean_ci(values) if values else None
+        entry = report.cell_mean_cis(cell, METRICS + ("success", "turns"))
         node = summary.setdefault(reward, {}).setdefault(policy, {}).setdefault(estimator, {})
         node[str(horizon)] = entry
     return summary
@@ -326,17 +266,17 @@ def markdown(summary: Mapping[str, Any], metric: str = "spearman") -> str:
             horizons = list(next(iter(estimators.values())))
             first = next(iter(estimators.values()))
             lines.append(f"\n## reward {reward}, policy {policy}\n")
-            header = ["estimator"] + [f"h={h}" for h in horizons]
-            lines.append("| " + " | ".join(header) + " |")
-            lines.append("|" + "---|" * len(header))
-            for estimator, by_horizon in estimators.items():
-                cells = [estimator] + [format_mean_ci(by_horizon[h][metric]) for h in horizons]
-                lines.append("| " + " | ".join(cells) + " |")
-            context = ["behaviour success"]
-            context += [format_mean_ci(first[h]["success"]) for h in horizons]
-            lines.append("| " + " | ".join(context) + " |")
-            turns = ["turns / episode"] + [format_mean_ci(first[h]["turns"]) for h in horizons]
-            lines.append("| " + " | ".join(turns) + " |")
+            table = [
+                [estimator] + [format_mean_ci(by_horizon[h][metric]) for h in horizons]
+                for estimator, by_horizon in estimators.items()
+            ]
+            table.append(
+                ["behaviour success"] + [format_mean_ci(first[h]["success"]) for h in horizons]
+            )
+            table.append(
+                ["turns / episode"] + [format_mean_ci(first[h]["turns"]) for h in horizons]
+            )
+            lines += report.markdown_rows(["estimator"] + [f"h={h}" for h in horizons], table)
     return "\n".join(lines) + "\n"
 
 

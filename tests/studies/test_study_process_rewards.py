@@ -1,4 +1,5 @@
-"""The process-rewards experiment: condition parsing, the label study, the hacking table."""
+"""The process-rewards study (experiments.studies.process_rewards, label_quality): condition
+parsing, the label study, the hacking table."""
 
 import math
 import os
@@ -9,12 +10,12 @@ import pytest
 
 from experiments.configs import process_rewards
 from experiments.configs import process_rewards_accel
+from experiments.studies import common
+from experiments.studies import label_quality as study
+from experiments.studies import process_rewards as prm_experiment
 from rlagent.analysis import report
 from rlagent.credit import mc
 from rlagent.host import loop
-from rlagent.prm import experiment as prm_experiment
-from rlagent.prm import study
-from rlagent.train import experiment
 
 
 def _label_config():
@@ -31,7 +32,7 @@ def _label_config():
 def label_run(tmp_path_factory):
     """The label study on a tiny batch (its compiled functions are cached for the rest)."""
     config = _label_config()
-    env = experiment.build(process_rewards.get_config()).env
+    env = common.build(process_rewards.get_config()).env
     workdir = tmp_path_factory.mktemp("labels")
     return env, config, workdir, study.run(config, env, str(workdir))
 
@@ -42,7 +43,7 @@ def test_prm_runs_group_conditions_by_prm_kind():
         "outcome,potential,learned_sum/prm=noisy_oracle@0.2,learned_min/prm=noisy_oracle@0.2,"
         "learned_sum/prm=noisy_oracle@0.4,learned_sum/prm=completion,learned_min/prm=completion"
     )
-    runs = experiment.prm_runs(config)
+    runs = common.prm_runs(config)
     assert [r.name for r in runs] == [
         "prm_none",
         "prm_noisy_oracle_0.2",
@@ -61,12 +62,12 @@ def test_prm_runs_group_conditions_by_prm_kind():
     ]
     assert config.train.get("prm", "none") == "none"  # the experiment config is not changed.
     # The default config's conditions parse: one run per PRM kind and noise level.
-    default = experiment.prm_runs(process_rewards.get_config())
+    default = common.prm_runs(process_rewards.get_config())
     assert len(default) == 1 + 3 + 3  # no PRM, three noise levels, three learned PRMs
     accel = process_rewards_accel.get_config()
-    assert len(experiment.prm_runs(accel)) == 1 + 5 + 3
-    for run in experiment.prm_runs(accel):
-        experiment.build(run.config)  # every run's TrainConfig is valid
+    assert len(common.prm_runs(accel)) == 1 + 5 + 3
+    for run in common.prm_runs(accel):
+        common.build(run.config)  # every run's TrainConfig is valid
 
 
 @pytest.mark.parametrize(
@@ -83,7 +84,7 @@ def test_prm_runs_errors_name_the_field(conditions, message):
     config = process_rewards.get_config()
     config.conditions = conditions
     with pytest.raises(ValueError, match="config.conditions") as error:
-        experiment.prm_runs(config)
+        common.prm_runs(config)
     assert message in str(error.value)
 
 
@@ -191,6 +192,7 @@ def test_total_turns_count_label_turns_cumulatively():
     assert "(experience + labelling)" in report.markdown_table(summary)
 
 
+@pytest.mark.slow
 def test_launcher_writes_every_file(label_run, tmp_path):
     """One tiny PRM run (two forms of the noisy oracle share one program) end to end."""
     config = process_rewards.get_config()

@@ -1,9 +1,9 @@
-"""The process-rewards experiment (experiments/process_rewards.py), importable.
+"""The process-rewards study (experiments/process_rewards.py).
 
-1. PPO with every condition of `config.conditions` (`train.experiment.prm_runs`: one
+1. PPO with every condition of `config.conditions` (`common.prm_runs`: one
    compiled program per PRM kind), success against *total* environment turns (experience
    plus the turns labelling continuations played, `report.TOTAL_TURNS`), 95% CIs over seeds.
-2. The label-quality study (`rlagent.prm.study`, section `config.labels`).
+2. The label-quality study (`label_quality`, section `config.labels`).
 3. Reward hacking of a learned PRM (`hacking`): per PRM, its sum / min / potential forms
    side by side. The sum form pays for every step the PRM scores above 1/2, so a PRM that
    over-scores some steps invites farming them (more turns, less success; Cheng et al.
@@ -17,7 +17,6 @@ study and the hacking table.
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections import defaultdict
@@ -27,8 +26,9 @@ from typing import Any
 
 import jax
 import ml_collections
-import numpy as np
 
+from experiments.studies import common
+from experiments.studies import label_quality as study
 from rlagent.analysis import report
 from rlagent.analysis import stats
 from rlagent.analysis.stats import format_mean_ci
@@ -36,14 +36,11 @@ from rlagent.envs.toolworld import ToolWorld
 from rlagent.envs.toolworld import horizon_config
 from rlagent.host import provenance
 from rlagent.host.writers import MetricWriter
-from rlagent.prm import study
-from rlagent.train import experiment
 
 # Per-seed means over the final updates, per learned condition (the hacking table).
 HACKING_METRICS = ("success", "turns", "turns_over_plan", "collapse_rate", "prm_auroc")
 # The PRM-weighted forms compared, in table order; the first is the one suspected of farming.
 FORMS = ("learned_sum", "learned_min", "learned_potential")
-LABEL_FILES = (study.FILENAME, "label_quality.png")
 TITLE = "ToolWorld: process rewards without hand labels"
 
 
@@ -61,14 +58,10 @@ def run(
     With `resume`, a finished label study (label_quality.csv) is kept, not recomputed.
     """
     start = time.time()
-    runs = experiment.prm_runs(config)  # config errors before anything is written
+    runs = common.prm_runs(config)  # config errors before anything is written
     label_env = _label_env(config)
     study.validate(config.labels, label_env)
-    if overwrite:
-        for name in LABEL_FILES:
-            if os.path.exists(os.path.join(workdir, name)):
-                os.remove(os.path.join(workdir, name))
-    summary = experiment.run_and_report(
+    summary = common.run_and_report(
         runs,
         config,
         workdir=workdir,
@@ -150,7 +143,7 @@ def _label_env(config: ml_collections.ConfigDict) -> ToolWorld:
     horizon = int(config.labels.horizon)
     if horizon:
         return ToolWorld(horizon_config(horizon))
-    return experiment.build(config).env
+    return common.build(config).env
 
 
 def hacking_table(
@@ -168,17 +161,13 @@ def hacking_table(
     Returns {prm: {"forms": {form: {metric: mean_ci | None}}, "vs_sum": {form: {...}}}}.
     """
     per_seed: dict[str, dict[str, dict[int, dict[str, float]]]] = defaultdict(dict)
-    curves: dict[tuple[str, int], list[Mapping[str, Any]]] = defaultdict(list)
-    for row in rows:
-        curves[(str(row["condition"]), int(row["seed"]))].append(row)
-    for (condition, seed), seed_rows in curves.items():
+    for (condition, seed), curve in report.seed_curves(rows).items():
         form, _, spec = condition.partition("/prm=")
         if form not in FORMS or not spec:
             continue
-        seed_rows = sorted(seed_rows, key=lambda r: r["update"])
-        tail = seed_rows[-max(1, int(round(len(seed_rows) * final_fraction))) :]
         per_seed[spec].setdefault(form, {})[seed] = {
-            metric: _nanmean([r.get(metric, math.nan) for r in tail]) for metric in HACKING_METRICS
+            metric: report.final_mean(curve, metric, final_fraction, finite_only=True)
+            for metric in HACKING_METRICS
         }
     table = {}
     for prm, forms in per_seed.items():
@@ -206,11 +195,14 @@ def hacking_markdown(table: Mapping[str, Any]) -> str:
         return "No learned-PRM conditions were trained.\n"
     header = ["PRM", "form", "final success", "turns / episode", "turns over plan"]
     header += ["collapse rate", "PRM AUROC (held-out turns)"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for prm, entry in table.items():
-        for form, metrics in entry["forms"].items():
-            cells = [prm, form] + [format_mean_ci(metrics[m], 3) for m in HACKING_METRICS]
-            lines.append("| " + " | ".join(cells) + " |")
+    lines = report.markdown_rows(
+        header,
+        [
+            [prm, form] + [format_mean_ci(metrics[m], 3) for m in HACKING_METRICS]
+            for prm, entry in table.items()
+            for form, metrics in entry["forms"].items()
+        ],
+    )
     lines.append(
         "\nSum form minus the other forms (paired over seeds, mean ± 95% CI); farming = more "
         "turns per episode (CI above 0) and lower success (CI below 0):\n"
@@ -245,12 +237,6 @@ def _farming(delta: Mapping[str, Any]) -> str:
     return "not significant"
 
 
-def _nanmean(values: Sequence[Any]) -> float:
-    finite = [float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)]
-    return float(np.mean(finite)) if finite else math.nan
-
-
 def _mean_ci(values: Sequence[float]) -> dict[str, float] | None:
-    """`stats.mean_ci` of the finite values and their number `n`; None when there is none."""
-    finite = [v for v in values if math.isfinite(v)]
-    return {**stats.mean_ci(finite), "n": len(finite)} if finite else None
+    """Mean ± 95% CI of the finite values and their number `n`; None when there is none."""
+    return stats.finite_mean_ci(values, count=True)

@@ -1,12 +1,18 @@
-"""Experiments as data: ConfigDict -> typed configs -> runs -> metrics, plots, tables.
+"""What the studies share: configs as data, runs, their training and report.
 
-Launchers in experiments/ only parse flags and call these functions, so a notebook can
-run the same experiment (see colab/quickstart.ipynb).
+An ml_collections config (experiments/configs/*.py, sections made by `section`) becomes
+typed configs (`build`); a study is a list of `Run`s (`prm_runs`: one per process reward
+model) trained and reported by `run_and_report` into one workdir (`rlagent.host.workdir`
+refuses, clears or resumes it). The policies and checkpoints the Monte-Carlo studies
+share (`env_policy`, `lm_setup`, `checkpoint`) and `estimator_config` live here too.
+Launchers in experiments/ only parse flags and call a study, so a notebook can run the
+same study.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 import typing
@@ -17,20 +23,27 @@ from typing import NamedTuple
 
 import jax
 import ml_collections
+from flax import nnx
 from ml_collections import config_dict
 
 from rlagent.analysis import report
+from rlagent.credit import mc
 from rlagent.envs.toolworld import ToolWorld
 from rlagent.envs.toolworld import ToolWorldConfig
 from rlagent.envs.toolworld import dsl
 from rlagent.host import loop
 from rlagent.host import provenance
+from rlagent.host.extras import trainer_extras
+from rlagent.host.workdir import prepare_workdir
+from rlagent.host.workdir import resumable_fields
 from rlagent.host.writers import MetricWriter
+from rlagent.models import Policy
 from rlagent.models import PolicyConfig
 from rlagent.rollout import RolloutConfig
 from rlagent.train.config import LEARNED_REWARDS
 from rlagent.train.config import REWARDS
 from rlagent.train.config import TrainConfig
+from rlagent.train.ppo import make_train
 
 
 class Setup(NamedTuple):
@@ -57,32 +70,6 @@ def build(config: ml_collections.ConfigDict) -> Setup:
         rollout_config=_make(RolloutConfig, config.rollout, "rollout"),
         train_config=TrainConfig.from_mapping(config.train),
     )
-
-
-def reward_runs(config: ml_collections.ConfigDict) -> list[Run]:
-    """All reward forms of `config.conditions` (comma-separated) in one run.
-
-    They differ only in data (the reward weights), so they train side by side in one
-    compiled program, every condition with every seed.
-    """
-    return [Run("rewards", tuple(names(config.conditions)), config)]
-
-
-def guardrail_runs(config: ml_collections.ConfigDict) -> list[Run]:
-    """The first reward condition with the guardrail rule layer off / penalise / mask.
-
-    penalise: a violation ends the episode and costs `violation_penalty` (1.0 unless set);
-    mask: the sampler may only emit tokens the rules allow.
-    """
-    reward = names(config.conditions)[0]
-    runs = []
-    for mode in ("off", "penalise", "mask"):
-        run_config = ml_collections.ConfigDict(config.to_dict())
-        run_config.env.guardrail = mode
-        if mode == "penalise" and not run_config.train.get("violation_penalty"):
-            run_config.train.violation_penalty = 1.0
-        runs.append(Run(f"guardrail_{mode}", (f"{reward}/guardrail={mode}",), run_config))
-    return runs
 
 
 class PRMGroup(NamedTuple):
@@ -168,18 +155,19 @@ def run_and_report(
 ) -> dict[str, Any]:
     """Trains every run (seeds in parallel), then writes metrics.csv, curves.png, summary.*.
 
-    A workdir that holds anything is refused unless `resume` (continue every run, see
-    `rlagent.host.loop`) or `overwrite` (start clean) is set. A run that diverges is
-    reported (marked in the summary) and `loop.Diverged` is raised after the report.
-    `experience` is the x-axis of curves and budgets (`report.summarize`); with
-    `report.TOTAL_TURNS` the rows gain it (`report.with_total_turns`: labels' turns count).
-    `initial_params` / `initial_params_config`: each seed's starting policy, see `loop.run`.
+    A workdir that holds anything is refused unless `resume` (continue every run with the
+    stored config, see `rlagent.host.loop`) or `overwrite` (start clean): `prepare`. A
+    run that diverges is reported (marked in the summary) and `loop.Diverged` is raised
+    after the report. `experience` is the x-axis of curves and budgets
+    (`report.summarize`); with `report.TOTAL_TURNS` the rows gain it
+    (`report.with_total_turns`: labels' turns count). `initial_params` /
+    `initial_params_config`: each seed's starting policy, see `loop.run`.
     """
     if int(config.seeds) < 1:
         raise ValueError(f"config.seeds must be >= 1, got {config.seeds}.")
     seeds = list(range(config.first_seed, config.first_seed + config.seeds))
     setups = [build(run.config) for run in runs]  # config errors before anything is written.
-    prepare_workdir(workdir, resume=resume, overwrite=overwrite)
+    prepare(workdir, config, resume=resume, overwrite=overwrite)
     start = time.time()
     record = provenance.collect(config.to_dict(), runs=[run.name for run in runs])
     provenance.write(workdir, record)
@@ -188,26 +176,33 @@ def run_and_report(
         conditions = [label.split("/")[0] for label in run.conditions]
         try:
             run_rows = loop.run(
-                setup.train_config,
-                setup.env,
-                setup.policy_config,
-                setup.rollout_config,
-                seeds=seeds,
-                conditions=conditions,
-                workdir=os.path.join(workdir, run.name),
-                chunk_size=config.chunk_size,
-                resume=resume,
-                overwrite=overwrite,
-                mesh=mesh,
-                progress=progress,
-                initial_params=initial_params,
+                setup.train_config, setup.env, setup.policy_config, setup.rollout_config,
+                seeds=seeds, conditions=conditions, workdir=os.path.join(workdir, run.name),
+                chunk_size=config.chunk_size, resume=resume, overwrite=overwrite, mesh=mesh,
+                progress=progress, initial_params=initial_params,
                 initial_params_config=initial_params_config,
-            )
+            )  # fmt: skip
         except loop.Diverged as error:
             run_rows = error.rows
             diverged.append(f"{run.name}: {error}")
         labels = dict(zip(conditions, run.conditions, strict=True))
         rows += [{**row, "condition": labels[row["condition"]]} for row in run_rows]
+    summary = write_training_report(rows, workdir, title=title, experience=experience)
+    provenance.write(workdir, {**record, "wall_s": round(time.time() - start, 1)})
+    if diverged:
+        raise loop.Diverged(" ".join(diverged), rows)
+    return summary
+
+
+def write_training_report(
+    rows: Sequence[Mapping[str, Any]],
+    workdir: str,
+    *,
+    title: str = "",
+    experience: str = "env_turns_total",
+) -> dict[str, Any]:
+    """metrics.csv (every run's rows), curves.png, profiles.png, summary.md and
+    summary.json of training rows (`report.summarize`); prints the table."""
     if experience == report.TOTAL_TURNS:
         rows = report.with_total_turns(rows)
     merged = MetricWriter(workdir, tensorboard=False)
@@ -226,10 +221,22 @@ def run_and_report(
         preface=preface,
     )
     print(preface + report.markdown_table(summary))
-    provenance.write(workdir, {**record, "wall_s": round(time.time() - start, 1)})
-    if diverged:
-        raise loop.Diverged(" ".join(diverged), rows)
     return summary
+
+
+def prepare(
+    workdir: str, config: ml_collections.ConfigDict, *, resume: bool = False,
+    overwrite: bool = False,
+) -> bool:  # fmt: skip
+    """`rlagent.host.workdir.prepare_workdir` for a study's workdir: a resumed one must
+    hold the same `config` (`provenance.json`), except `chunk_size` (how often the host
+    writes, no result) and `RESUMABLE_FIELDS` with a constant learning rate."""
+    schedule = config.get("train", {}).get("lr_schedule", "constant")
+    may_change, note = resumable_fields(schedule, extra=("chunk_size",))
+    return prepare_workdir(
+        workdir, resume=resume, overwrite=overwrite,
+        config=provenance.resolved(**config.to_dict()), may_change=may_change, note=note,
+    )  # fmt: skip
 
 
 def section(cls: type, **values: Any) -> ml_collections.ConfigDict:
@@ -271,36 +278,6 @@ def unknown_override(config: ml_collections.ConfigDict, argv: Sequence[str]) -> 
     return None
 
 
-# Files of an experiment workdir that `overwrite=True` removes (run folders clean their own).
-REPORT_FILES = (
-    "metrics.csv",
-    "curves.png",
-    "profiles.png",
-    "summary.md",
-    "summary.json",
-    provenance.FILENAME,
-)
-
-
-def prepare_workdir(
-    workdir: str, *, resume: bool, overwrite: bool, files: Sequence[str] = REPORT_FILES
-) -> None:
-    """Refuses a non-empty `workdir` unless `resume` or `overwrite` (which removes `files`)."""
-    if resume and overwrite:
-        raise ValueError("resume and overwrite exclude each other.")
-    entries = sorted(os.listdir(workdir)) if os.path.isdir(workdir) else []
-    if entries and not (resume or overwrite):
-        raise loop.RunError(
-            f"{workdir} is not empty ({', '.join(entries[:5])}); pass --resume "
-            "to continue its runs or --overwrite to replace them."
-        )
-    if overwrite:
-        for name in files:
-            if os.path.exists(os.path.join(workdir, name)):
-                os.remove(os.path.join(workdir, name))
-    os.makedirs(workdir, exist_ok=True)
-
-
 def _make(cls, values: Mapping[str, Any], section: str):
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
@@ -315,3 +292,83 @@ def names(text: str, field: str = "conditions", what: str = "reward form") -> li
     if not parsed:
         raise ValueError(f"config.{field} names no {what}.")
     return parsed
+
+
+def ints(text: str, field: str, what: str) -> list[int]:
+    """The comma-separated integers of config field `field` (errors name the field)."""
+    out = []
+    for name in names(text, field, what):
+        try:
+            out.append(int(name))
+        except ValueError:
+            raise ValueError(f"config.{field}: {name!r} is not an integer {what}.") from None
+    return out
+
+
+def estimator_config(base: TrainConfig, spec: str) -> TrainConfig:
+    """`name` or `name@lam` (e.g. `gae_token@0.9`) -> the TrainConfig of that estimator."""
+    name, _, lam = spec.partition("@")
+    fields = {"estimator": name}
+    if lam:
+        fields["lam"] = float(lam)
+    return dataclasses.replace(base, **fields)
+
+
+# Policies of the Monte-Carlo studies (credit accuracy, label quality) ---------------------
+
+
+def env_policy(env: ToolWorld, name: str) -> mc.EnvPolicy:
+    """The environment-level policy called `name`: `random` (uniform over the grammar),
+    `prover_<eps>` (per turn the oracle with probability eps, else random) or `oracle`."""
+    if name == "random":
+        return mc.uniform_random(env)
+    if name == "oracle":
+        return mc.oracle(env)
+    if name.startswith("prover_"):
+        epsilon = float(name.removeprefix("prover_"))
+        return mc.mixture(mc.uniform_random(env), mc.oracle(env), epsilon)
+    raise ValueError(
+        f"Unknown policy {name!r}: 'random', 'prover_<eps>', 'oracle' or 'ppo_<updates>'."
+    )
+
+
+class LMSetup(NamedTuple):
+    """The policy LM of the `ppo_<k>` policies: its configs and graph."""
+
+    policy_config: PolicyConfig
+    rollout_config: RolloutConfig
+    graphdef: Any
+
+
+@functools.cache
+def _lm_setup_cached(model: tuple, rollout: tuple) -> LMSetup:
+    policy_config = PolicyConfig(**{"vocab_size": dsl.VOCAB_SIZE, **dict(model)})
+    rollout_config = RolloutConfig(**dict(rollout))
+    abstract = nnx.eval_shape(lambda: Policy(policy_config, rngs=nnx.Rngs(0)))
+    return LMSetup(policy_config, rollout_config, nnx.split(abstract)[0])
+
+
+def lm_setup(config) -> LMSetup:
+    """Policy and rollout configs of the LM policies (one graph for every horizon)."""
+    return _lm_setup_cached(
+        tuple(sorted(config.model.items())), tuple(sorted(config.rollout.items()))
+    )
+
+
+def checkpoint(env: ToolWorld, setup: LMSetup, config, num_updates: int):
+    """Parameters after `num_updates` PPO updates on `env` (0: the initial policy).
+
+    `config.ppo` holds the TrainConfig fields of the run, `config.first_seed` its seed.
+    """
+    train_config = TrainConfig.from_mapping({**config.ppo, "num_updates": max(num_updates, 1)})
+    trainer = make_train(
+        train_config,
+        env,
+        setup.policy_config,
+        setup.rollout_config,
+        **trainer_extras(train_config, env, setup.rollout_config),
+    )
+    state = trainer.init(jax.random.key(config.first_seed))
+    if num_updates:
+        state, _ = jax.jit(trainer.train)(jax.random.key(config.first_seed))
+    return state.params

@@ -6,7 +6,7 @@ exchanges and distractors, `config.slack` turns to spare), the reward forms of
 `config.estimator_horizons`, `config.estimator_reward` also trains with every estimator
 of `config.estimators` (one compiled program per estimator and process reward model,
 reward forms being data). Conditions are reward forms, or learned reward forms with their
-PRM (`form/prm=<kind>`, `experiment.prm_groups`); labels are `condition/estimator`.
+PRM (`form/prm=<kind>`, `common.prm_groups`); labels are `condition/estimator`.
 Every condition of a horizon starts from the same policy per seed: fresh, or
 warm-started by behaviour cloning of oracle demonstrations (`rlagent.pipeline.warm_start`,
 when `config.warm_start.steps > 0`) of the tasks of `config.warm_start_horizons`: fixed
@@ -14,7 +14,7 @@ horizons shared by the whole sweep (e.g. short ones: the distance from the
 demonstrations then grows with the horizon), or `same` (each horizon clones its own
 tasks, so no horizon is further from its demonstrations than another).
 
-Each horizon is an `experiment.run_and_report` under `<workdir>/h<h>` (metrics.csv,
+Each horizon is an `common.run_and_report` under `<workdir>/h<h>` (metrics.csv,
 curves, summaries, checkpoints); the sweep then writes `horizon.csv` (one row per
 horizon, condition and seed), `horizon.png`, `summary.md`, `summary.json` and
 `provenance.json` (`summarize` defines every number).
@@ -26,7 +26,6 @@ import dataclasses
 import json
 import os
 import time
-from collections import defaultdict
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
@@ -35,9 +34,13 @@ import jax
 import ml_collections
 import numpy as np
 
+from experiments.studies import common
+from experiments.studies.common import Run
+from experiments.studies.common import estimator_config
+from experiments.studies.common import ints
+from experiments.studies.common import names
 from rlagent.analysis import report
 from rlagent.analysis import stats
-from rlagent.credit.study import estimator_config
 from rlagent.envs.toolworld import ToolWorld
 from rlagent.envs.toolworld import horizon_config
 from rlagent.host import loop
@@ -46,10 +49,7 @@ from rlagent.host.extras import trainer_extras
 from rlagent.host.writers import MetricWriter
 from rlagent.pipeline.warm_start import WarmStartConfig
 from rlagent.pipeline.warm_start import make_warm_start
-from rlagent.train import experiment
 from rlagent.train.config import TrainConfig
-from rlagent.train.experiment import Run
-from rlagent.train.experiment import names
 from rlagent.train.ppo import make_train
 
 FILES = ("horizon.csv", "horizon.png", "summary.md", "summary.json", provenance.FILENAME)
@@ -63,11 +63,11 @@ SAME_HORIZON = "same"
 
 def plan(config: ml_collections.ConfigDict) -> list[tuple[int, list[Run]]]:
     """The runs of every horizon, `[(h, runs)]`; every config error is raised here."""
-    horizons = _ints(config.horizons, "horizons", "horizon")
+    horizons = ints(config.horizons, "horizons", "horizon")
     if int(config.slack) < 0:
         raise ValueError(f"config.slack must be >= 0, got {config.slack}.")
     envs = {h: _env_section(h, int(config.slack)) for h in horizons}
-    groups = experiment.prm_groups(config.conditions)
+    groups = common.prm_groups(config.conditions)
     rewards = [label for group in groups for label in group.labels]
     base = TrainConfig.from_mapping(config.train)
     estimators = names(config.estimators, "estimators", "estimator") if config.estimators else []
@@ -79,7 +79,7 @@ def plan(config: ml_collections.ConfigDict) -> list[tuple[int, list[Run]]]:
             raise ValueError(f"config.estimators: {spec!r}: {error}") from None
     estimator_horizons = []
     if estimators and config.estimator_horizons:
-        estimator_horizons = _ints(config.estimator_horizons, "estimator_horizons", "horizon")
+        estimator_horizons = ints(config.estimator_horizons, "estimator_horizons", "horizon")
         outside = sorted(set(estimator_horizons) - set(horizons))
         if outside:
             raise ValueError(f"config.estimator_horizons {outside} are not in config.horizons.")
@@ -112,23 +112,18 @@ def run(
     resume: bool = False,
     overwrite: bool = False,
     progress: bool = True,
+    report_only: bool = False,
 ) -> dict[str, Any]:
     """Runs the sweep (see the module docstring); returns the summary of `summarize`.
 
     A non-empty `workdir` needs `resume` (continue; the config must match the stored one)
     or `overwrite`. A diverged run is reported and `loop.Diverged` raised at the end.
+    `report_only` only rewrites the report of a finished sweep (`write_report`).
     """
+    if report_only:
+        return write_report(workdir, config)
     plans = plan(config)
-    experiment.prepare_workdir(workdir, resume=resume, overwrite=overwrite, files=FILES)
-    stored = provenance.read(workdir) if resume else None
-    if stored is not None:
-        may_change = loop.RESUMABLE_FIELDS if config.train.lr_schedule == "constant" else ()
-        current = provenance.resolved(**config.to_dict())
-        diff = provenance.config_mismatch(stored["config"], current, may_change)
-        if diff:
-            raise loop.RunError(
-                f"Cannot resume {workdir} with a different config: {'; '.join(diff)}."
-            )
+    common.prepare(workdir, config, resume=resume, overwrite=overwrite)
     start = time.time()
     record = provenance.collect(config.to_dict(), horizons=[h for h, _ in plans])
     provenance.write(workdir, record)
@@ -141,7 +136,7 @@ def run(
         _log(start, f"horizon {horizon}: {', '.join(r.name for r in runs)}")
         folder = os.path.join(workdir, f"h{horizon:02d}")
         try:
-            summary = experiment.run_and_report(
+            summary = common.run_and_report(
                 runs, config, workdir=folder, resume=resume, overwrite=overwrite,
                 title=f"ToolWorld, shortest plan {horizon} turns", progress=progress,
                 initial_params=initial, initial_params_config=initial_config,
@@ -192,12 +187,8 @@ def seed_rows(
     (the first batch, sampled from the starting policy), `env_turns` (experience), and the
     first and last credit-accuracy measurements `credit_<m>_first` / `credit_<m>_last`.
     """
-    by_run = defaultdict(list)
-    for row in metrics:
-        by_run[(str(row["condition"]), int(row["seed"]))].append(row)
     out = []
-    for (condition, seed), run_rows in sorted(by_run.items()):
-        run_rows = sorted(run_rows, key=lambda r: r["update"])
+    for (condition, seed), run_rows in sorted(report.seed_curves(metrics).items()):
         reward, _, estimator = condition.rpartition("/")
         row = dict(horizon=horizon, condition=condition, reward=reward, estimator=estimator)
         row.update(seed=seed, updates=int(run_rows[-1]["update"]))
@@ -251,9 +242,7 @@ def summarize(
         raise ValueError("summarize needs at least one row.")
     evaluated = all(np.isfinite(float(r["eval_sampled_success"])) for r in rows)
     key = "eval_sampled_success" if evaluated else "final_success"
-    cells = defaultdict(list)
-    for row in rows:
-        cells[(int(row["horizon"]), str(row["condition"]))].append(row)
+    cells = report.group_rows(rows, lambda row: (int(row["horizon"]), str(row["condition"])))
     horizons: dict[str, Any] = {}
     for (horizon, condition), seeds in sorted(cells.items()):
         success = [float(r[key]) for r in seeds]
@@ -270,16 +259,15 @@ def summarize(
             "per_seed": {"seed": [int(r["seed"]) for r in seeds], "success": success},
         }
         for name in CREDIT_METRICS:
-            values = [float(r[f"credit_{name}_last"]) for r in seeds]
-            values = [v for v in values if np.isfinite(v)]
-            if values:
-                entry[f"credit_{name}"] = stats.mean_ci(values)
+            credit = stats.finite_mean_ci([float(r[f"credit_{name}_last"]) for r in seeds])
+            if credit is not None:
+                entry[f"credit_{name}"] = credit
         horizons.setdefault(str(horizon), {"conditions": {}})["conditions"][condition] = entry
     for cell in horizons.values():
         scores = {name: e["per_seed"]["success"] for name, e in cell["conditions"].items()}
         cell["comparisons"] = stats.pairwise_comparisons(scores) if len(scores) > 1 else []
         cell["gaps"] = {
-            name: _gap(values, scores[reference], reps)
+            name: stats.bootstrap_mean_difference(values, scores[reference], reps=reps)
             for name, values in scores.items()
             if reference in scores and name != reference
         }
@@ -405,7 +393,7 @@ def _warm_start(config, first_run: Run, horizons: Sequence[int], start: float):
     warm = WarmStartConfig(**dict(config.warm_start))
     if not warm.steps:
         return None, None
-    setup = experiment.build(first_run.config)
+    setup = common.build(first_run.config)
     demos = [ToolWorld(horizon_config(h)) for h in horizons]
     trainer = make_train(
         setup.train_config,
@@ -435,14 +423,14 @@ def _demo_horizons(config, horizon: int) -> list[int]:
     """The horizons whose oracle episodes warm-start the runs of `horizon`."""
     if str(config.warm_start_horizons).strip() == SAME_HORIZON:
         return [horizon]
-    return _ints(config.warm_start_horizons, "warm_start_horizons", "horizon")
+    return ints(config.warm_start_horizons, "warm_start_horizons", "horizon")
 
 
 def _run(
     config,
     env: Mapping[str, Any],
     spec: str,
-    group: experiment.PRMGroup,
+    group: common.PRMGroup,
     labels: Sequence[str],
     train_fields: Mapping[str, Any] | None = None,
 ) -> Run:
@@ -468,27 +456,8 @@ def _env_section(horizon: int, slack: int) -> dict[str, Any]:
     return dataclasses.asdict(env)
 
 
-def _ints(text, field: str, what: str) -> list[int]:
-    out = []
-    for name in names(text, field, what):
-        try:
-            out.append(int(name))
-        except ValueError:
-            raise ValueError(f"config.{field}: {name!r} is not an integer {what}.") from None
-    return out
-
-
-def _gap(values: Sequence[float], reference: Sequence[float], reps: int) -> dict[str, float]:
-    rng = np.random.default_rng(0)
-    x, y = np.asarray(values, np.float64), np.asarray(reference, np.float64)
-    boot = [rng.choice(x, x.size).mean() - rng.choice(y, y.size).mean() for _ in range(reps)]
-    low, high = np.percentile(boot, [2.5, 97.5])
-    return {"value": float(x.mean() - y.mean()), "low": float(low), "high": float(high)}
-
-
 def _takeoff(entry: Mapping[str, Any]) -> str:
-    t = entry["takeoff"]
-    return f"{t['k']}/{t['n']} [{t['low']:.2f}, {t['high']:.2f}]"
+    return stats.format_takeoff(entry["takeoff"])
 
 
 def _initial(entry: Mapping[str, Any]) -> str:
@@ -496,13 +465,10 @@ def _initial(entry: Mapping[str, Any]) -> str:
 
 
 def _credit(entry: Mapping[str, Any]) -> str:
-    if "credit_spearman" not in entry:
-        return "n/a"
-    return f"{entry['credit_spearman']['mean']:.2f} ± {entry['credit_spearman']['ci95']:.2f}"
+    return stats.format_mean_ci(entry.get("credit_spearman"))
 
 
-def _interval(estimate: Mapping[str, float]) -> str:
-    return f"{estimate['value']:.3f} [{estimate['low']:.3f}, {estimate['high']:.3f}]"
+_interval = stats.format_interval
 
 
 def _log(start: float, message: str) -> None:

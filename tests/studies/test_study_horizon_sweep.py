@@ -5,22 +5,13 @@ import json
 import math
 import os
 
-import jax
 import numpy as np
 import pytest
 
 from experiments.configs import horizon_sweep as default_config
 from experiments.configs import horizon_sweep_accel
-from rlagent.envs.toolworld import ToolWorld
-from rlagent.envs.toolworld import horizon_config
+from experiments.studies import horizon_sweep
 from rlagent.host import loop
-from rlagent.pipeline.warm_start import WarmStartConfig
-from rlagent.pipeline.warm_start import make_oracle_log_likelihood
-from rlagent.pipeline.warm_start import make_warm_start
-from rlagent.rollout import RolloutConfig
-from rlagent.train import horizon_sweep
-from rlagent.train.config import TrainConfig
-from rlagent.train.ppo import make_train
 
 
 def _tiny_config():
@@ -169,26 +160,7 @@ def test_summary_math_on_synthetic_rows(tmp_path):
     assert fallback["settings"]["success"] == "final_success"
 
 
-def test_warm_start_raises_the_oracle_log_likelihood(tiny_policy_config):
-    env = ToolWorld(horizon_config(3))
-    rollout_config = RolloutConfig(window=1, constrained=True)
-    trainer = make_train(TrainConfig(), env, tiny_policy_config(), rollout_config)
-    params = trainer.init(jax.random.key(0)).params
-    clone = make_warm_start(
-        WarmStartConfig(steps=10, batch_size=4), [env], trainer.graphdef, rollout_config
-    )
-    cloned, losses = jax.jit(clone)(params, jax.random.key(1))
-    likelihood = jax.jit(
-        make_oracle_log_likelihood(env, trainer.graphdef, rollout_config), static_argnums=2
-    )
-    before = float(likelihood(params, jax.random.key(2), 8))
-    after = float(likelihood(cloned, jax.random.key(2), 8))
-    assert losses.shape == (10,) and float(losses[-1]) < float(losses[0])
-    assert after > before + 1.0
-    with pytest.raises(ValueError, match="steps"):
-        WarmStartConfig(steps=-1)
-
-
+@pytest.mark.slow
 def test_tiny_sweep_writes_every_file(tmp_path):
     config = _tiny_config()
     summary = horizon_sweep.run(config, str(tmp_path), progress=False)

@@ -20,10 +20,10 @@ Completers (the names of `config.completers`):
   policy+oracle_<eps> the behaviour policy, each continuation replaced by the oracle's with
                       probability eps (the prover of `TrainConfig.prm_prover_epsilon`);
   random, prover_<eps>, oracle
-                      environment-level policies of `rlagent.credit.study.env_policy`
+                      environment-level policies of `common.env_policy`
                       (uniform over the grammar; per turn the oracle with probability eps).
 Behaviours (`config.behaviours`) are `ppo_<k>` (the policy LM after k PPO updates,
-`credit.study.checkpoint`) or environment-level policies. The AUROC needs turns the
+`common.checkpoint`) or environment-level policies. The AUROC needs turns the
 oracle judged good and bad in one batch: an early learner makes almost only mistakes
 (level 2: 3 good of 168 judged turns at `ppo_0`), `prover_0.5` about as many of each.
 
@@ -37,9 +37,7 @@ numbers.
 from __future__ import annotations
 
 import functools
-import math
 import os
-from collections import defaultdict
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -51,24 +49,26 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from rlagent.analysis import stats
+from experiments.studies import common
+from experiments.studies.common import names
+from rlagent.analysis import report
 from rlagent.analysis.stats import format_mean_ci
 from rlagent.credit import lm
 from rlagent.credit import mc
-from rlagent.credit import study as credit_study
 from rlagent.envs.base import verdict_of
 from rlagent.envs.toolworld import ToolWorld
 from rlagent.host.writers import MetricWriter
 from rlagent.prm import labels
 from rlagent.rollout import make_rollout
 from rlagent.train.config import TrainConfig
-from rlagent.train.experiment import names
 from rlagent.train.rewards import reward_weights
 from rlagent.types import Trajectory
 
 # (labeller, label form) of every row, in table order.
 LABELLERS = (("completion", "hard"), ("completion", "soft"), ("progress", "soft"))
 FILENAME = "label_quality.csv"
+# Summarised per labeller, completer and N: mean and 95% CI over seeds.
+QUALITY_METRICS = ("accuracy", "auroc", "label_turns", "label_turns_per_turn")
 
 
 def run(config: ml_collections.ConfigDict, env: ToolWorld, workdir: str) -> list[dict[str, Any]]:
@@ -77,7 +77,7 @@ def run(config: ml_collections.ConfigDict, env: ToolWorld, workdir: str) -> list
     Args:
       config: the study's section (see experiments/configs/process_rewards.py `labels`):
         behaviours, completers, samples, seeds, first_seed, num_episodes, chunk_size, and
-        model / rollout / ppo for LM behaviours (`credit.study.checkpoint`).
+        model / rollout / ppo for LM behaviours (`common.checkpoint`).
       env: the task.
       workdir: output folder (created).
     Returns:
@@ -124,7 +124,7 @@ def validate(config: ml_collections.ConfigDict, env: ToolWorld) -> list[int]:
             if name.startswith("ppo_"):
                 int(name.removeprefix("ppo_"))
             else:
-                credit_study.env_policy(env, name)
+                common.env_policy(env, name)
         except ValueError as error:
             raise ValueError(f"config.labels.behaviours: {name!r}: {error}") from None
     for name in names(config.completers, "labels.completers", "completer"):
@@ -134,7 +134,7 @@ def validate(config: ml_collections.ConfigDict, env: ToolWorld) -> list[int]:
                 if not 0.0 <= epsilon <= 1.0:
                     raise ValueError(f"epsilon must be in [0, 1], got {epsilon}")
             elif name != "policy":
-                credit_study.env_policy(env, name)
+                common.env_policy(env, name)
         except ValueError as error:
             raise ValueError(f"config.labels.completers: {name!r}: {error}") from None
     return samples
@@ -155,8 +155,8 @@ def make_behaviour(env: ToolWorld, name: str, config: ml_collections.ConfigDict)
     base = TrainConfig()
     chunk_size = int(config.chunk_size)
     if name.startswith("ppo_"):
-        setup = credit_study.lm_setup(config)
-        params = credit_study.checkpoint(env, setup, config, int(name.removeprefix("ppo_")))
+        setup = common.lm_setup(config)
+        params = common.checkpoint(env, setup, config, int(name.removeprefix("ppo_")))
         rollout = jax.jit(
             make_rollout(env, setup.graphdef, setup.rollout_config, with_carries=True)
         )
@@ -176,7 +176,7 @@ def make_behaviour(env: ToolWorld, name: str, config: ml_collections.ConfigDict)
                 return lm.play_policy(
                     env, setup.graphdef, setup.rollout_config, params, oracle_epsilon=epsilon
                 )
-            play = mc.play_env_policy(env, credit_study.env_policy(env, completer))
+            play = mc.play_env_policy(env, common.env_policy(env, completer))
             return lambda carries, keys: play(carries.env_state, keys)
 
         return Behaviour(
@@ -195,7 +195,7 @@ def make_behaviour(env: ToolWorld, name: str, config: ml_collections.ConfigDict)
 
 @functools.cache
 def _env_episodes(env: ToolWorld, name: str) -> Callable:
-    policy = credit_study.env_policy(env, name)
+    policy = common.env_policy(env, name)
 
     @functools.partial(jax.jit, static_argnums=1)
     def episodes(key, num_episodes):
@@ -209,14 +209,14 @@ def _env_episodes(env: ToolWorld, name: str) -> Callable:
 def _env_sweep(
     env: ToolWorld, behaviour: str, completer: str, max_samples: int, chunk_size: int
 ) -> Callable:
-    policy = credit_study.env_policy(env, behaviour)
+    policy = common.env_policy(env, behaviour)
     if completer == "policy":
         continuation = policy
     elif completer.startswith("policy+oracle_"):
         epsilon = float(completer.removeprefix("policy+oracle_"))
         continuation = mc.mixture(policy, mc.oracle(env), epsilon, per="episode")
     else:
-        continuation = credit_study.env_policy(env, completer)
+        continuation = common.env_policy(env, completer)
     play = mc.play_env_policy(env, continuation)
     return _sweep(play, TrainConfig(), max_samples, chunk_size)
 
@@ -318,16 +318,17 @@ _quality = jax.jit(labels.label_quality)
 def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Mean and 95% CI over seeds of accuracy, AUROC and label turns, keyed
     `"labeller/label | behaviour"` -> completer -> str(N)."""
-    cells = defaultdict(list)
-    for row in rows:
-        labeller = f"{row['labeller']}/{row['label']} | {row['behaviour']}"
-        cells[(labeller, row["completer"], int(row["n"]))].append(row)
+    cells = report.group_rows(
+        rows,
+        lambda row: (
+            f"{row['labeller']}/{row['label']} | {row['behaviour']}",
+            row["completer"],
+            int(row["n"]),
+        ),
+    )
     summary: dict[str, Any] = {}
     for (labeller, completer, n), cell in sorted(cells.items(), key=lambda kv: kv[0][2]):
-        entry = {}
-        for metric in ("accuracy", "auroc", "label_turns", "label_turns_per_turn"):
-            values = [float(r[metric]) for r in cell if not math.isnan(float(r[metric]))]
-            entry[metric] = stats.mean_ci(values) if values else None
+        entry: dict[str, Any] = report.cell_mean_cis(cell, QUALITY_METRICS)
         entry["seeds"] = len(cell)
         summary.setdefault(labeller, {}).setdefault(completer, {})[str(n)] = entry
     return summary
@@ -343,16 +344,16 @@ def markdown(summary: Mapping[str, Any]) -> str:
             f"\n### {labeller}: AUROC / accuracy vs the oracle verdict "
             "(environment turns per labelled turn)\n"
         )
-        header = ["completer"] + [f"N={n}" for n in samples]
-        lines.append("| " + " | ".join(header) + " |")
-        lines.append("|" + "---|" * len(header))
-        for completer, by_n in completers.items():
-            cells = [completer] + [
+        table = [
+            [completer]
+            + [
                 f"{format_mean_ci(by_n[n]['auroc'])} / {format_mean_ci(by_n[n]['accuracy'])} "
                 f"({by_n[n]['label_turns_per_turn']['mean']:.1f})"
                 for n in samples
             ]
-            lines.append("| " + " | ".join(cells) + " |")
+            for completer, by_n in completers.items()
+        ]
+        lines += report.markdown_rows(["completer"] + [f"N={n}" for n in samples], table)
     return "\n".join(lines) + "\n"
 
 

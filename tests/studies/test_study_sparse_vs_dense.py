@@ -1,4 +1,5 @@
-"""The main experiment end to end on a tiny budget: files, table, config errors."""
+"""The main study (experiments.studies.sparse_vs_dense) on a tiny budget: files, table,
+config errors."""
 
 import csv
 import json
@@ -9,7 +10,8 @@ import pytest
 
 from experiments.configs import sparse_vs_dense
 from experiments.configs import sparse_vs_dense_full
-from rlagent.train import experiment
+from experiments.studies import common
+from experiments.studies import sparse_vs_dense as study
 
 
 def _tiny_config():
@@ -25,12 +27,13 @@ def _tiny_config():
     return config
 
 
+@pytest.mark.slow
 def test_main_experiment_writes_metrics_plot_and_tables(tmp_path):
     config = _tiny_config()
     config.train.eval_every = 2  # held-out evaluation after update 2 (the last) only.
     config.train.eval_episodes = 4
-    summary = experiment.run_and_report(
-        experiment.reward_runs(config), config, workdir=str(tmp_path), title="tiny",
+    summary = common.run_and_report(
+        study.reward_runs(config), config, workdir=str(tmp_path), title="tiny",
         progress=False,
     )  # fmt: skip
     assert set(summary["conditions"]) == {"outcome", "potential"}
@@ -56,21 +59,21 @@ def test_main_experiment_writes_metrics_plot_and_tables(tmp_path):
 
 def test_guardrail_runs_and_config_errors():
     config = _tiny_config()
-    runs = experiment.guardrail_runs(config)
+    runs = study.guardrail_runs(config)
     assert [run.config.env.guardrail for run in runs] == ["off", "penalise", "mask"]
     assert runs[1].config.train.violation_penalty == 1.0
     config.model.d_modle = 16
     with pytest.raises(ValueError, match="Unknown model config fields"):
-        experiment.build(config)
+        common.build(config)
     config = _tiny_config()
     config.conditions = " , "
     with pytest.raises(ValueError, match="names no reward form"):
-        experiment.reward_runs(config)
+        study.reward_runs(config)
 
 
 def test_full_config_differs_from_the_quickstart_only_in_seeds_and_evaluation():
     full, quick = sparse_vs_dense_full.get_config(), sparse_vs_dense.get_config()
-    setup = experiment.build(full)  # every field valid for the typed configs
+    setup = common.build(full)  # every field valid for the typed configs
     assert full.seeds == 30 and setup.train_config.eval_every == 30
     full.seeds, full.train.eval_every, full.train.eval_episodes = (
         quick.seeds,
