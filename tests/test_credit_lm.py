@@ -79,7 +79,7 @@ def test_greedy_continuations_replay_the_episode(env, window):
     out = estimate(0.0, jax.random.key(1))
     mask = np.asarray(traj.turn_mask)
     for f, reward in enumerate(("outcome", "verdict")):
-        rewards = np.asarray(getattr(traj, reward)) * mask
+        rewards = np.asarray(traj.signals[reward]) * mask
         to_go = np.flip(np.cumsum(np.flip(rewards, 1), 1), 1) * mask
         np.testing.assert_allclose(np.asarray(out.value[f]), to_go, atol=1e-6)
         np.testing.assert_allclose(np.asarray(out.q_value[f]), to_go, atol=1e-6)
