@@ -188,7 +188,9 @@ def run_and_report(
         labels = dict(zip(conditions, run.conditions, strict=True))
         rows += [{**row, "condition": labels[row["condition"]]} for row in run_rows]
     summary = write_training_report(rows, workdir, title=title, experience=experience)
-    provenance.write(workdir, {**record, "wall_s": round(time.time() - start, 1)})
+    provenance.write(
+        workdir, provenance.finish({**record, "wall_s": round(time.time() - start, 1)})
+    )
     if diverged:
         raise loop.Diverged(" ".join(diverged), rows)
     return summary

@@ -96,13 +96,10 @@ def run(
         f.write(text)
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(full, f, indent=2)
-    record = provenance.collect(
-        config.to_dict(),
-        runs=[r.name for r in runs],
-        label_rows=len(label_rows),
-        wall_s=round(time.time() - start, 1),
-    )
-    provenance.write(workdir, record)
+    # run_and_report recorded the checkout at the start; the label study adds its rows.
+    record = provenance.read(workdir) or provenance.collect(config.to_dict())
+    record = {**record, "label_rows": len(label_rows), "wall_s": round(time.time() - start, 1)}
+    provenance.write(workdir, provenance.finish(record))
     print(text[text.index("## Label quality") :])
     return full
 

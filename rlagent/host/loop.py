@@ -117,7 +117,8 @@ def run(
         workdir, resume=resume, overwrite=overwrite, config=resolved, may_change=may_change,
         note=note,
     )  # fmt: skip
-    provenance.write(workdir, provenance.collect(resolved, chunk_size=chunk_size))
+    record = provenance.collect(resolved, chunk_size=chunk_size)
+    provenance.write(workdir, record)
     trainer = _trainer(config, env, policy_config, rollout_config, mesh)
     state = _initial_state(trainer, config, runs, seeds, initial_params)
     writer, manager = MetricWriter(workdir, tensorboard=tensorboard), None
@@ -132,11 +133,13 @@ def run(
         evaluate = None
         if config.eval_every:
             evaluate = _evaluator(trainer, env, rollout_config, config.eval_episodes)
-        return _train(
+        rows = _train(
             trainer, evaluate, state, done=done, rows=rows, runs=runs, config=config,
             writer=writer, manager=manager, chunk_size=chunk_size, stop_after=stop_after,
             progress=progress,
         )  # fmt: skip
+        provenance.write(workdir, provenance.finish(record))  # the checkout at the end
+        return rows
     finally:
         writer.close()
         if manager is not None:

@@ -2,13 +2,16 @@
 
 The file holds the resolved `config` (every field of the typed configs, seeds and reward
 conditions: what a resumed run must share with the stored one) next to facts that may
-differ between the calls of one run: command line, git commit and dirty flag, package
-versions, devices, wall time. `config_mismatch` compares two resolved configs.
+differ between the calls of one run: command line, git commit, dirty flag and the changed
+and untracked files (hashed when small), the same at the end of the run when the
+checkout moved (`finish`), package versions, devices, wall time. `config_mismatch`
+compares two resolved configs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -20,8 +23,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
+from absl import logging
 
 FILENAME = "provenance.json"
+# Untracked files up to this size are hashed in the provenance (configs, small scripts).
+HASH_LIMIT = 1 << 16
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "chex", "numpy", "ml_collections")
 
 
@@ -37,12 +43,11 @@ def resolved(**sections: Any) -> dict[str, Any]:
 
 def collect(config: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
     """Provenance of this process: `config` (from `resolved`) plus the environment."""
-    commit, dirty = _git_state()
     return {
         "config": dict(config),
         **extra,
         "command": [sys.executable, *sys.argv],
-        "git": {"commit": commit, "dirty": dirty},
+        "git": git_state(),
         "python": platform.python_version(),
         "packages": {name: _version(name) for name in PACKAGES},
         "devices": [str(device) for device in jax.devices()],
@@ -88,28 +93,68 @@ def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _git_state() -> tuple[str | None, bool | None]:
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+def _git(root: str, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=root, capture_output=True, text=True, timeout=10, check=True
+    ).stdout
+
+
+def git_state(root: str | None = None) -> dict[str, Any]:
+    """`{commit, dirty, modified, untracked}` of the checkout this package runs from.
+
+    Untracked files that git does not ignore make the tree dirty too (a config written
+    after the last commit changes what the commit reproduces); they are listed with the
+    sha256 of their bytes when at most `HASH_LIMIT` bytes (configs, small scripts). Outside
+    a git checkout (an installed package) every field is None. `root`: the checkout
+    (default: the one holding this package).
+    """
+    if root is None:
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
+        commit = _git(root, "rev-parse", "HEAD").strip()
+        status = _git(root, "status", "--porcelain", "--untracked-files=all")
     except (OSError, subprocess.SubprocessError):
-        return None, None  # not a git checkout (an installed package).
-    return commit, bool(status.strip())
+        return {"commit": None, "dirty": None, "modified": None, "untracked": None}
+    lines = [line for line in status.splitlines() if line.strip()]
+    modified = sorted(line[3:] for line in lines if not line.startswith("??"))
+    untracked = [_file_record(root, line[3:]) for line in lines if line.startswith("??")]
+    return {
+        "commit": commit,
+        "dirty": bool(lines),
+        "modified": modified,
+        "untracked": sorted(untracked, key=lambda record: record["path"]),
+    }
+
+
+def finish(record: Mapping[str, Any], root: str | None = None) -> dict[str, Any]:
+    """`record` (from `collect`) with the checkout's state at the end of the run.
+
+    When the commit or the changed files moved while the run was going, the end state is
+    kept as `git_end` beside the start's `git` and a warning names both commits: the
+    results then mix code of two states.
+    """
+    start, end = record.get("git", {}), git_state(root)
+    out = dict(record)
+    if any(start.get(key) != end.get(key) for key in ("commit", "modified", "untracked")):
+        out["git_end"] = end
+        logging.warning(
+            "the checkout changed while this run was going: commit %s (dirty=%s) at the "
+            "start, %s (dirty=%s) at the end; provenance.json records both",
+            start.get("commit"), start.get("dirty"), end.get("commit"), end.get("dirty"),
+        )  # fmt: skip
+    return out
+
+
+def _file_record(root: str, path: str) -> dict[str, Any]:
+    full = os.path.join(root, path)
+    record: dict[str, Any] = {"path": path}
+    try:
+        if os.path.isfile(full) and os.path.getsize(full) <= HASH_LIMIT:
+            with open(full, "rb") as f:
+                record["sha256"] = hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        pass  # removed while listing
+    return record
 
 
 def _version(name: str) -> str | None:

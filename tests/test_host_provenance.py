@@ -1,0 +1,56 @@
+"""provenance.json: untracked files make a run dirty, a checkout that moves is recorded."""
+
+import hashlib
+import subprocess
+
+from absl import logging
+
+from rlagent.host import provenance
+
+
+def _git(root, *args):
+    subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
+
+
+def _repo(tmp_path):
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "config", "user.email", "t@t")
+    _git(tmp_path, "config", "user.name", "t")
+    (tmp_path / ".gitignore").write_text("runs/\n")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    _git(tmp_path, "add", "-A")
+    _git(tmp_path, "commit", "-qm", "one")
+    return str(tmp_path)
+
+
+def test_untracked_files_make_the_tree_dirty_and_are_hashed(tmp_path):
+    root = _repo(tmp_path)
+    clean = provenance.git_state(root)
+    assert clean["dirty"] is False and clean["untracked"] == [] and clean["modified"] == []
+    (tmp_path / "config.py").write_text("seeds = 30\n")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "metrics.csv").write_text("ignored\n")
+    state = provenance.git_state(root)
+    assert state["dirty"] is True and state["commit"] == clean["commit"]
+    digest = hashlib.sha256(b"seeds = 30\n").hexdigest()
+    assert state["untracked"] == [{"path": "config.py", "sha256": digest}]
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert provenance.git_state(root)["modified"] == ["a.py"]
+
+
+def test_a_checkout_that_moves_during_a_run_is_recorded_with_a_warning(tmp_path, monkeypatch):
+    root = _repo(tmp_path)
+    record = {"config": {}, "git": provenance.git_state(root)}
+    assert "git_end" not in provenance.finish(record, root)  # nothing moved
+    (tmp_path / "b.py").write_text("y = 1\n")
+    _git(tmp_path, "add", "-A")
+    _git(tmp_path, "commit", "-qm", "two")
+    warnings = []
+    monkeypatch.setattr(logging, "warning", lambda *args: warnings.append(args[0] % args[1:]))
+    out = provenance.finish(record, root)
+    assert out["git_end"]["commit"] != record["git"]["commit"]
+    assert record["git"]["commit"] in warnings[0] and out["git_end"]["commit"] in warnings[0]
+
+
+def test_outside_a_checkout_every_field_is_none(tmp_path):
+    assert set(provenance.git_state(str(tmp_path)).values()) == {None}
