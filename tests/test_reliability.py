@@ -107,6 +107,26 @@ def _stop_after_checks(monkeypatch):
     monkeypatch.setattr(loop, "_trainer", stop)
 
 
+def test_resume_after_lost_metric_rows_restores_the_checkpoint_they_reach(straight, tmp_path):
+    """metrics.csv cut in the middle of update 2's rows: the run resumes from checkpoint 1
+    (the newest the metrics reach), drops checkpoint 2 and ends exactly as the straight run,
+    turn totals included; with no row left it is refused and nothing on disk changes."""
+    rows, old_run = straight
+    shutil.copytree(old_run, tmp_path, dirs_exist_ok=True)
+    lines = (tmp_path / "metrics.csv").read_text().splitlines(keepends=True)
+    (tmp_path / "metrics.csv").write_text("".join(lines[:6]) + lines[6][:10])  # 5 rows + a cut
+    assert _strip(_run(tmp_path, resume=True)) == _strip(rows)
+
+    (tmp_path / "metrics.csv").write_text(lines[0])  # header only: no update is complete
+    before = {p: open(p, "rb").read() for p in glob.glob(f"{tmp_path}/**", recursive=True)
+              if os.path.isfile(p)}  # fmt: skip
+    with pytest.raises(loop.RunError, match="up to update 0 only.*--overwrite"):
+        _run(tmp_path, resume=True)
+    after = {p: open(p, "rb").read() for p in glob.glob(f"{tmp_path}/**", recursive=True)
+             if os.path.isfile(p)}  # fmt: skip
+    assert after == before
+
+
 def test_resume_may_extend_num_updates(straight, tmp_path, monkeypatch):
     shutil.copytree(straight[1], tmp_path, dirs_exist_ok=True)
     _stop_after_checks(monkeypatch)

@@ -126,7 +126,7 @@ def run(
         manager = _checkpoint_manager(workdir) if checkpoint else None
         done = 0
         if resume and manager is not None:
-            done, state = _restore(manager, state)
+            done, state = _restore(manager, state, reach=_metrics_reach(writer.read(), runs))
         rows = writer.truncate(done) if done else []
         if not done:
             writer.clear()
@@ -235,9 +235,39 @@ def _train(
     return rows
 
 
-def _restore(manager: ocp.CheckpointManager, state: RunnerState) -> tuple[int, RunnerState]:
-    """The newest readable checkpoint; unreadable newer ones are named and removed."""
-    for step in sorted(manager.all_steps(), reverse=True):
+def _metrics_reach(rows: list[dict[str, Any]], runs: list[tuple[str, int]]) -> int:
+    """The last update that every run has a metric row for (0 without rows)."""
+    last = {}
+    for row in rows:
+        run = (row["condition"], int(row["seed"]))
+        last[run] = max(last.get(run, 0), int(row["update"]))
+    return min((last.get(run, 0) for run in runs), default=0)
+
+
+def _restore(
+    manager: ocp.CheckpointManager, state: RunnerState, *, reach: int
+) -> tuple[int, RunnerState]:
+    """The newest readable checkpoint that the metrics reach (`reach`: the last update
+    with every run's row); unreadable ones and those past the metrics (rows lost from a
+    cut metrics.csv) are named and removed. Refuses when checkpoints exist but none is
+    at or before `reach`."""
+    steps = sorted(manager.all_steps(), reverse=True)
+    if steps and min(steps) > reach:  # refused before anything is removed
+        raise RunError(
+            f"--resume: metrics.csv in {os.path.dirname(manager.directory)} holds every run's "
+            f"rows up to update {reach} only, and no checkpoint is at or before it (oldest "
+            f"{min(steps)}); pass --overwrite to start the run again."
+        )
+    for step in steps:
+        if step > reach:
+            logging.warning(
+                "Checkpoint step %d in %s is past the last update metrics.csv holds for "
+                "every run (%d); removing it so that no update goes missing.",
+                step, manager.directory, reach,
+            )  # fmt: skip
+            shutil.rmtree(os.path.join(manager.directory, str(step)))
+            manager.reload()
+            continue
         try:
             restored = manager.restore(step, args=ocp.args.StandardRestore(state))
         except Exception as error:  # noqa: BLE001 - any failure to read means a broken step.
