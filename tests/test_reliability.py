@@ -259,6 +259,21 @@ def test_experiment_refuses_non_empty_workdir_and_bad_seeds(tmp_path):
         common.run_and_report(reward_runs(config), config, workdir=str(tmp_path))
 
 
+@pytest.mark.parametrize(
+    "field, value, message",
+    [("conditions", "outcome,outcome", r"names reward form \['outcome'\] more than once"),
+     ("conditions", "bogus", "config.conditions: Unknown reward 'bogus'"),
+     ("chunk_size", 0, "config.chunk_size must be >= 1")],
+)  # fmt: skip
+def test_bad_study_configs_are_refused_before_anything_is_written(tmp_path, field, value, message):
+    config = default_config.get_config()
+    config[field] = value
+    workdir = tmp_path / "run"
+    with pytest.raises(ValueError, match=message):
+        common.run_and_report(reward_runs(config), config, workdir=str(workdir))
+    assert not workdir.exists()  # the corrected rerun needs no --overwrite
+
+
 def test_every_config_field_is_settable_and_misspellings_list_the_fields():
     config = default_config.get_config()
     for section, cls in (("train", TrainConfig), ("env", ToolWorldConfig),

@@ -44,6 +44,8 @@ from rlagent.train.config import LEARNED_REWARDS
 from rlagent.train.config import REWARDS
 from rlagent.train.config import TrainConfig
 from rlagent.train.ppo import make_train
+from rlagent.train.rewards import check_reward
+from rlagent.train.rewards import reward_weights
 
 
 class Setup(NamedTuple):
@@ -167,6 +169,7 @@ def run_and_report(
         raise ValueError(f"config.seeds must be >= 1, got {config.seeds}.")
     seeds = list(range(config.first_seed, config.first_seed + config.seeds))
     setups = [build(run.config) for run in runs]  # config errors before anything is written.
+    _check_runs(runs, setups, config)
     prepare(workdir, config, resume=resume, overwrite=overwrite)
     start = time.time()
     record = provenance.collect(config.to_dict(), runs=[run.name for run in runs])
@@ -194,6 +197,21 @@ def run_and_report(
     if diverged:
         raise loop.Diverged(" ".join(diverged), rows)
     return summary
+
+
+def _check_runs(runs: Sequence[Run], setups: Sequence[Setup], config) -> None:
+    """Refuses what the loop would refuse only after the study's folder is written: an
+    unknown or unpayable reward form, a chunk size below 1 (errors name the field)."""
+    if int(config.chunk_size) < 1:
+        raise ValueError(f"config.chunk_size must be >= 1, got {config.chunk_size}.")
+    for run, setup in zip(runs, setups, strict=True):
+        for label in run.conditions:
+            condition = label.split("/")[0]
+            try:
+                weights = reward_weights(setup.train_config, condition)
+            except ValueError as error:
+                raise ValueError(f"config.conditions: {error}") from None
+            check_reward(setup.env, weights, f"config.conditions {condition!r}")
 
 
 def write_training_report(
@@ -293,6 +311,9 @@ def names(text: str, field: str = "conditions", what: str = "reward form") -> li
     parsed = [name.strip() for name in str(text).split(",") if name.strip()]
     if not parsed:
         raise ValueError(f"config.{field} names no {what}.")
+    repeated = sorted({name for name in parsed if parsed.count(name) > 1})
+    if repeated:  # a repeat would train and count the same runs twice
+        raise ValueError(f"config.{field} names {what} {repeated} more than once.")
     return parsed
 
 
