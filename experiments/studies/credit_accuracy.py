@@ -41,6 +41,7 @@ from experiments.studies.common import LMSetup
 from experiments.studies.common import checkpoint
 from experiments.studies.common import env_policy
 from experiments.studies.common import estimator_config
+from experiments.studies.common import ints
 from experiments.studies.common import lm_setup
 from experiments.studies.common import names
 from rlagent.analysis import report
@@ -87,13 +88,14 @@ def run(
         for spec in names(config.estimators, "estimators", "estimator")
     }
     rewards = names(config.rewards, "rewards", "reward form")
+    horizons, policies = _check_config(config, base, rewards)  # before anything is written
     prepare_workdir(workdir, overwrite=overwrite, resumable=False)
     weights = jnp.stack([reward_weights(base, r) for r in rewards])
     rows = []
     start = time.time()
-    for horizon in [int(h) for h in names(config.horizons, "horizons", "horizon")]:
+    for horizon in horizons:
         env = ToolWorld(horizon_config(horizon))
-        for policy_name in names(config.policies, "policies", "policy"):
+        for policy_name in policies:
             measure = make_measure(env, policy_name, base, config)
             for seed in range(config.first_seed, config.first_seed + config.seeds):
                 batch = measure(jax.random.key(seed), weights)
@@ -139,6 +141,35 @@ class _Batch(NamedTuple):
     mc: mc.MCValues  # fields [R, B, S].
     success: jax.Array  # [] success rate of the behaviour episodes.
     turns: jax.Array  # [] mean turns per episode.
+
+
+def _check_config(config, base: TrainConfig, rewards: list[str]) -> tuple[list[int], list[str]]:
+    """`(horizons, policies)` of the config; a bad value is refused naming its field."""
+    if int(config.seeds) < 1:
+        raise ValueError(f"config.seeds must be >= 1, got {config.seeds}.")
+    for reward in rewards:
+        try:
+            reward_weights(base, reward)
+        except ValueError as error:
+            raise ValueError(f"config.rewards: {error}") from None
+    horizons = ints(config.horizons, "horizons", "horizon")
+    for horizon in horizons:
+        try:
+            horizon_config(horizon)
+        except ValueError as error:
+            raise ValueError(f"config.horizons: {error}") from None
+    policies = names(config.policies, "policies", "policy")
+    probe = ToolWorld(horizon_config(horizons[0]))
+    for name in policies:
+        try:
+            if name.startswith("ppo_"):
+                if int(name.removeprefix("ppo_")) < 0:
+                    raise ValueError(f"{name!r}: the number of updates must be >= 0")
+            else:
+                env_policy(probe, name)
+        except ValueError as error:
+            raise ValueError(f"config.policies: {error}") from None
+    return horizons, policies
 
 
 def make_measure(env: ToolWorld, name: str, base: TrainConfig, config) -> Callable:

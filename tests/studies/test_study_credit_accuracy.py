@@ -109,3 +109,21 @@ def test_launcher_overwrites_a_non_empty_workdir_with_the_flag(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert sorted(os.listdir(tmp_path)) == sorted(OUTPUTS)  # nothing of the old run is left
     assert "main experiment" not in (tmp_path / "summary.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [("seeds", -1, "config.seeds must be >= 1"),
+     ("horizons", "3,x", "config.horizons: 'x' is not an integer"),
+     ("horizons", "3,3", r"names horizon \['3'\] more than once"),
+     ("policies", "bogus", "config.policies: Unknown policy 'bogus'"),
+     ("rewards", "nope", "config.rewards: Unknown reward 'nope'")],
+)  # fmt: skip
+def test_bad_values_are_refused_by_field_before_anything_is_written(
+    tmp_path, field, value, message
+):
+    config = credit_accuracy.get_config()
+    config[field] = value
+    with pytest.raises(ValueError, match=message):
+        study.run(config, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
