@@ -7,10 +7,13 @@ three registered ones (textarena 0.7.4, `textarena/envs/__init__.py`) and two mo
 
     level      code_length  num_numbers  max_turns  duplicate_numbers  codes
     tiny       2            4            6          False              12
-    v0         4            6            20         False              360   Mastermind-v0
-    classic    4            6            10         True               1,296 (the board game)
-    hard       4            8            30         False              1,680 Mastermind-v0-hard
-    extreme    6            12           50         True               2,985,984 Mastermind-v0-extreme
+    v0         4            6            20         False              360
+    classic    4            6            10         True               1,296
+    hard       4            8            30         False              1,680
+    extreme    6            12           50         True               2,985,984
+
+v0, hard and extreme are Mastermind-v0, -v0-hard and -v0-extreme (`TEXTARENA_IDS`);
+classic is the board game (duplicates allowed), tiny a small one for tests.
 
 `max_turns` is TextArena's: its turn-limit check reads the count of earlier valid guesses
 before the current one is counted, so a game allows max_turns + 1 valid guesses (ported as
@@ -33,7 +36,11 @@ LEVELS: dict[str, dict[str, object]] = {
     "extreme": dict(code_length=6, num_numbers=12, max_turns=50, duplicate_numbers=True),
 }
 # TextArena's registered ids of the levels ported from it.
-TEXTARENA_IDS = {"v0": "Mastermind-v0", "hard": "Mastermind-v0-hard", "extreme": "Mastermind-v0-extreme"}
+TEXTARENA_IDS = {
+    "v0": "Mastermind-v0",
+    "hard": "Mastermind-v0-hard",
+    "extreme": "Mastermind-v0-extreme",
+}
 # allowed_tokens: 'well_formed' = code_length digits in range (distinct when duplicates are
 # not allowed) then END; 'novel' = well-formed and not a guess already made; 'free' = any
 # token but PAD at every position (the uniform policy then makes invalid moves too).
@@ -110,7 +117,9 @@ class MastermindConfig:
         if not isinstance(self.duplicate_numbers, bool):
             self._fail("duplicate_numbers", "must be a bool")
         value = self.verdict_invalid
-        if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value):
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            self._fail("verdict_invalid", "must be a finite number")
+        if not math.isfinite(value):
             self._fail("verdict_invalid", "must be a finite number")
 
     def _check_ranges(self):
@@ -129,7 +138,9 @@ class MastermindConfig:
         if self.error_allowance < 0:
             self._fail("error_allowance", "must be >= 0")
         if not self.num_numbers <= self.digit_tokens <= MAX_NUMBERS:
-            self._fail("digit_tokens", f"must be in [num_numbers={self.num_numbers}, {MAX_NUMBERS}]")
+            self._fail(
+                "digit_tokens", f"must be in [num_numbers={self.num_numbers}, {MAX_NUMBERS}]"
+            )
         if self.grammar not in GRAMMARS:
             self._fail("grammar", f"must be one of {GRAMMARS}")
         if self.verdict not in VERDICTS:

@@ -34,10 +34,13 @@ does not win); `violations` (1 on an invalid move); `success` (the winning move)
 
 from __future__ import annotations
 
+import itertools
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rlagent.envs.base import StepType
 from rlagent.envs.base import TokenSpec
@@ -105,6 +108,12 @@ class Mastermind:
         self.vocab = rules.Vocabulary.of(self.config)
         # The enumerated code space: a jit constant (a few hundred KiB at most).
         self._codes = rules.all_codes(self.config) if self.config.enumerated else None
+        # Orders of the L positions, for the counting oracle of large duplicate spaces.
+        self._arrangements = None
+        if self._codes is None and self.config.duplicate_numbers:
+            if math.factorial(self.config.code_length) <= self.config.max_enumerated_codes:
+                positions = range(self.config.code_length)
+                self._arrangements = np.asarray(list(itertools.permutations(positions)), np.int32)
 
     @property
     def max_turns(self) -> int:
@@ -130,7 +139,9 @@ class Mastermind:
                 secret_key, (config.code_length,), 1, config.num_numbers + 1
             )
         else:
-            secret = jax.random.permutation(secret_key, config.num_numbers)[: config.code_length] + 1
+            secret = (
+                jax.random.permutation(secret_key, config.num_numbers)[: config.code_length] + 1
+            )
         guesses = config.guess_limit
         num_codes = config.num_codes if config.enumerated else 1
         zero = jnp.int32(0)
@@ -179,12 +190,18 @@ class Mastermind:
         """`[L + 1]` the first code consistent with all feedback, then END.
 
         Enumerated spaces: the lexicographically first consistent code (exact). Larger
-        ones: the first of `oracle_candidates` random codes (drawn from the episode's key
-        and the turn) consistent with all feedback, else the candidate closest to it (the
-        fewest peg differences over the history, a repeat excluded).
+        spaces with duplicates (Mastermind-v0-extreme): one-number guesses [d d .. d] for
+        d = 1, 2, .. count each number (black pegs) until the counts reach L (or one number
+        is left), then the first arrangement of the counted numbers consistent with all
+        feedback (exact: the secret is one of them). Larger spaces without duplicates: the
+        first of `oracle_candidates` random codes (drawn from the episode's key and the
+        turn) consistent with all feedback, else the closest (fewest peg differences over
+        the history, a repeat excluded); a heuristic.
         """
         if self._codes is not None:
             guess = jnp.asarray(self._codes)[jnp.argmax(state.consistent)]
+        elif self._arrangements is not None:
+            guess = self._counting_guess(state)
         else:
             guess = self._sampled_guess(state)
         return jnp.append(guess + self.vocab.first_digit - 1, END).astype(jnp.int32)
@@ -319,6 +336,28 @@ class Mastermind:
         miss = jnp.abs(hist_black - state.black) + jnp.abs(hist_white - state.white)
         return jnp.sum(jnp.where(made, miss, 0), axis=1)
 
+    def _counting_guess(self, state: State) -> jax.Array:
+        config = self.config
+        length, numbers = config.code_length, config.num_numbers
+        made = jnp.arange(config.guess_limit) < state.num_guesses
+        single = made & jnp.all(state.guesses == state.guesses[:, :1], axis=1)  # [G]
+        digits = jnp.arange(1, numbers + 1)
+        rows = single[None, :] & (state.guesses[None, :, 0] == digits[:, None])  # [N, G]
+        counted = jnp.any(rows, axis=1)  # [N]
+        counts = jnp.sum(jnp.where(rows, state.black[None, :], 0), axis=1)  # [N]
+        found = jnp.sum(counts)
+        # The last uncounted number holds what the others leave.
+        uncounted = ~counted
+        last = uncounted & (jnp.sum(uncounted) == 1)
+        counts = jnp.where(last, length - found, counts)
+        known = (found == length) | (jnp.sum(uncounted) <= 1)
+        probe = jnp.full((length,), jnp.argmax(uncounted) + 1, jnp.int32)
+        # The counted numbers in order, then every order of the L positions.
+        multiset = jnp.repeat(digits, counts, total_repeat_length=length).astype(jnp.int32)
+        candidates = multiset[jnp.asarray(self._arrangements)]  # [L!, L]
+        arranged = candidates[jnp.argmin(self._agreement(state, candidates) > 0)]
+        return jnp.where(known, arranged, probe)
+
     def _sampled_guess(self, state: State) -> jax.Array:
         config = self.config
         key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.turn)
@@ -387,4 +426,3 @@ def _completion(state: State, config: MastermindConfig) -> jax.Array:
     latest = jnp.maximum(state.num_guesses - 1, 0)
     score = (state.black[latest] + 0.5 * state.white[latest]) / config.code_length
     return jnp.where(state.num_guesses > 0, score, 0.0)
-
