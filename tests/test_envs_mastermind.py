@@ -288,7 +288,7 @@ def _solved(env, policy, games, seed=0):
 
 @pytest.mark.parametrize(
     "level, games, mean_guesses",
-    [("v0", 256, 4.17), ("classic", 128, 5.74), ("extreme", 12, 15.5)],
+    [("v0", 256, 4.17), ("extreme", 12, 15.5)],
 )
 def test_the_oracle_solves_every_game_within_the_limit(level, games, mean_guesses):
     env = Mastermind(level_config(level))
@@ -297,9 +297,8 @@ def test_the_oracle_solves_every_game_within_the_limit(level, games, mean_guesse
     assert guesses.mean() == pytest.approx(mean_guesses, abs=0.35 if level != "extreme" else 2.0)
 
 
-def test_random_play_rarely_wins_and_free_sampling_breaks_rules():
-    solved, guesses, _ = _solved(V0, mc.uniform_random(V0), 128)
-    assert 0.0 < solved.mean() < 0.2 and guesses.max() <= 21
+def test_free_sampling_breaks_rules():
+    """(Uniform well-formed play: docs/mastermind.md, e.g. 6% on v0.)"""
     free = Mastermind(level_config("tiny", grammar="free"))
     solved, guesses, played = _solved(free, mc.uniform_random(free), 64)
     assert solved.mean() < 0.1 and (played.sum(axis=1) - guesses >= 1).all()
@@ -314,21 +313,17 @@ POLICY = PolicyConfig(
 CONFIG = TrainConfig(num_updates=2, num_groups=2, group_size=2, reward="composed")
 
 
-@pytest.mark.parametrize("constrained", [True, False])
-def test_rollout_records_mastermind_signals(constrained):
+def test_a_free_rollout_records_mastermind_signals_and_invalid_moves():
+    """Free sampling (constrained=False) breaks rules; the trainer's test samples constrained."""
     graphdef = policy_graphdef(POLICY)
     _, params = nnx.split(Policy(POLICY, rngs=nnx.Rngs(0)))
-    rollout = RolloutConfig(window=2, constrained=constrained)
+    rollout = RolloutConfig(window=2, constrained=False)
     keys = jax.random.split(jax.random.key(0), 16)
     traj = jax.jit(make_rollout(SMALL, graphdef, rollout))(params, keys[:8], keys[8:])
     assert set(traj.signals) == set(SMALL.signal_names)
-    played = np.asarray(traj.turn_mask)
     violations = np.asarray(traj.signals["violations"])
-    if constrained:
-        verdict = np.asarray(traj.signals["verdict"])
-        assert (verdict[violations > 0] < 0).all()
-        tokens = np.asarray(traj.action_tokens)
-        assert (tokens[..., -1] == rules.END)[played & (violations == 0)].all()
+    verdict = np.asarray(traj.signals["verdict"])
+    assert violations.sum() > 0 and (verdict[violations > 0] == -1.0).all()
     assert (np.asarray(traj.signals["outcome"]).sum(axis=1) <= 1.0 + 1e-6).all()
     np.testing.assert_array_equal(
         np.asarray(traj.success).any(axis=1), np.isclose(traj.signals["outcome"], 1.0).any(axis=1)
@@ -348,8 +343,9 @@ def test_monte_carlo_forks_continue_with_env_policies(continuation):
     in whole episodes."""
     env, games = SMALL, 32
     policy = getattr(mc, continuation)(env)
-    direct, _, _ = _solved(env, policy, 512, seed=5)
-    episodes = mc.sample_env_episodes(env, mc.uniform_random(env), jax.random.key(1), games)
+    episodes = mc.sample_env_episodes(env, mc.uniform_random(env), jax.random.key(1), 512)
+    direct = np.asarray(episodes.signals.success.any(axis=1)).mean()
+    episodes = jax.tree.map(lambda x: x[:games], episodes)
     forks = jax.tree.map(lambda x: x[:, :1], episodes.states)
     prefix = jax.tree.map(lambda x: x[:, :1], mc.TurnSignals(*episodes.signals))
     prefix = prefix._replace(turn_mask=jnp.ones_like(prefix.turn_mask))
@@ -362,8 +358,7 @@ def test_monte_carlo_forks_continue_with_env_policies(continuation):
         reward_weights=reward_weights(CONFIG),
         config=CONFIG,
     )
-    expected = 1.0 if continuation == "oracle" else direct.mean()
-    assert direct.mean() == pytest.approx(expected)
+    expected = 1.0 if continuation == "oracle" else direct
     assert float(jnp.mean(values.success[:, 0])) == pytest.approx(expected, abs=0.05)
 
 
