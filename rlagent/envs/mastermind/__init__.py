@@ -1,0 +1,19 @@
+"""TextArena's Mastermind (`Mastermind-v0`, `-hard`, `-extreme`) as a JAX environment.
+
+Layout: `config` (MastermindConfig, LEVELS, level_config), `rules` (vocabulary, pegs,
+code space, the text of a turn), `env` (Mastermind: reset / step / allowed_tokens /
+oracle). docs/mastermind.md states the rules as ported, the verdict and the oracle's
+numbers; tests/test_envs_mastermind.py plays it against the textarena package.
+"""
+
+from rlagent.envs.mastermind import rules
+from rlagent.envs.mastermind.config import LEVELS
+from rlagent.envs.mastermind.config import TEXTARENA_IDS
+from rlagent.envs.mastermind.config import MastermindConfig
+from rlagent.envs.mastermind.config import level_config
+from rlagent.envs.mastermind.env import Mastermind
+from rlagent.envs.mastermind.env import Observation
+from rlagent.envs.mastermind.env import Signals
+from rlagent.envs.mastermind.env import State
+from rlagent.envs.mastermind.env import TimeStep
+from rlagent.envs.mastermind.rules import Vocabulary

@@ -1,0 +1,167 @@
+"""Configuration of Mastermind: TextArena's game parameters, the token interface, verdict.
+
+Game fields carry TextArena's names (`textarena/envs/Mastermind/env.py`,
+`MastermindEnv.__init__`), so a registered configuration's kwargs build a config as they
+are: `MastermindConfig(**ENV_REGISTRY["Mastermind-v0"].kwargs)`. `LEVELS` holds the
+three registered ones (textarena 0.7.4, `textarena/envs/__init__.py`) and two more.
+
+    level      code_length  num_numbers  max_turns  duplicate_numbers  codes
+    tiny       2            4            6          False              12
+    v0         4            6            20         False              360
+    classic    4            6            10         True               1,296
+    hard       4            8            30         False              1,680
+    extreme    6            12           50         True               2,985,984
+
+v0, hard and extreme are Mastermind-v0, -v0-hard and -v0-extreme (`TEXTARENA_IDS`);
+classic is the board game (duplicates allowed), tiny a small one for tests.
+
+`max_turns` is TextArena's: its turn-limit check reads the count of earlier valid guesses
+before the current one is counted, so a game allows max_turns + 1 valid guesses (ported as
+is; `guess_limit`). Invalid moves do not count as guesses: `error_allowance` (TextArena's
+`SinglePlayerState` default, 1) consecutive invalid moves are warned, the next one ends
+the game.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+
+LEVELS: dict[str, dict[str, object]] = {
+    "tiny": dict(code_length=2, num_numbers=4, max_turns=6, duplicate_numbers=False),
+    "v0": dict(code_length=4, num_numbers=6, max_turns=20, duplicate_numbers=False),
+    "classic": dict(code_length=4, num_numbers=6, max_turns=10, duplicate_numbers=True),
+    "hard": dict(code_length=4, num_numbers=8, max_turns=30, duplicate_numbers=False),
+    "extreme": dict(code_length=6, num_numbers=12, max_turns=50, duplicate_numbers=True),
+}
+# TextArena's registered ids of the levels ported from it.
+TEXTARENA_IDS = {
+    "v0": "Mastermind-v0",
+    "hard": "Mastermind-v0-hard",
+    "extreme": "Mastermind-v0-extreme",
+}
+# allowed_tokens: 'well_formed' = code_length digits in range (distinct when duplicates are
+# not allowed) then END; 'novel' = well-formed and not a guess already made; 'free' = any
+# token but PAD at every position (the uniform policy then makes invalid moves too).
+GRAMMARS = ("well_formed", "novel", "free")
+# verdict: 'exact' = the consistent set is enumerated (code spaces up to
+# max_enumerated_codes); 'consistent' = +1 iff the guess is consistent with all feedback so
+# far (exact for the guesses it labels +1, blind to informative inconsistent guesses);
+# 'auto' = exact where enumeration fits, else consistent.
+VERDICTS = ("auto", "exact", "consistent")
+_INTEGER_FIELDS = (
+    "code_length", "num_numbers", "max_turns", "error_allowance", "digit_tokens",
+    "max_enumerated_codes", "oracle_candidates",
+)  # fmt: skip
+MAX_NUMBERS = 99  # numbers 1..99 (two decimal digits in TextArena's text).
+
+
+@dataclasses.dataclass(frozen=True)
+class MastermindConfig:
+    """Static configuration of Mastermind (hashable: safe as a static jit argument).
+
+    A bad field raises a ValueError that names it.
+    """
+
+    code_length: int = 4  # digits of the secret code (TextArena's code_length).
+    num_numbers: int = 6  # each digit is one of 1..num_numbers.
+    max_turns: int = 20  # TextArena's turn limit (the game allows max_turns + 1 guesses).
+    duplicate_numbers: bool = False  # the secret and the guesses may repeat a digit.
+    error_allowance: int = 1  # consecutive invalid moves warned before one ends the game.
+    # Digit tokens 1..digit_tokens in the vocabulary (None: num_numbers). More than
+    # num_numbers makes out-of-range guesses expressible and lets levels share a vocabulary.
+    digit_tokens: int | None = None
+    grammar: str = "well_formed"  # what allowed_tokens permits (GRAMMARS).
+    verdict: str = "auto"  # how the process verdict is computed (VERDICTS).
+    max_enumerated_codes: int = 65536  # largest code space enumerated (exact verdict, oracle).
+    verdict_invalid: float = -1.0  # verdict of an invalid move (<= 0).
+    oracle_candidates: int = 1024  # random candidates of the oracle in unenumerated spaces.
+
+    def __post_init__(self):
+        if self.digit_tokens is None:
+            object.__setattr__(self, "digit_tokens", self.num_numbers)
+        self._check_types()
+        self._check_ranges()
+
+    @property
+    def num_codes(self) -> int:
+        """Size of the code space: N^L with duplicates, N! / (N - L)! without."""
+        if self.duplicate_numbers:
+            return self.num_numbers**self.code_length
+        return math.perm(self.num_numbers, self.code_length)
+
+    @property
+    def enumerated(self) -> bool:
+        """The code space is enumerated (exact verdict, first-consistent oracle)."""
+        return self.verdict != "consistent" and self.num_codes <= self.max_enumerated_codes
+
+    @property
+    def guess_limit(self) -> int:
+        """Valid guesses a game allows: max_turns + 1 (TextArena's turn-limit check)."""
+        return self.max_turns + 1
+
+    @property
+    def episode_turns(self) -> int:
+        """S, the longest game in moves: every guess after error_allowance invalid moves."""
+        return (self.error_allowance + 1) * self.guess_limit
+
+    def _fail(self, name: str, message: str):
+        raise ValueError(f"MastermindConfig.{name}: {message}, got {getattr(self, name)!r}")
+
+    def _check_types(self):
+        for name in _INTEGER_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+                self._fail(name, "must be an integer")
+        if not isinstance(self.duplicate_numbers, bool):
+            self._fail("duplicate_numbers", "must be a bool")
+        value = self.verdict_invalid
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            self._fail("verdict_invalid", "must be a finite number")
+        if not math.isfinite(value):
+            self._fail("verdict_invalid", "must be a finite number")
+
+    def _check_ranges(self):
+        if self.code_length < 1:
+            self._fail("code_length", "must be >= 1")
+        if not 1 <= self.num_numbers <= MAX_NUMBERS:
+            self._fail("num_numbers", f"must be in [1, {MAX_NUMBERS}]")
+        if not self.duplicate_numbers and self.code_length > self.num_numbers:
+            self._fail(
+                "code_length",
+                f"must be <= num_numbers={self.num_numbers} without duplicate_numbers "
+                f"(no code of distinct digits exists)",
+            )
+        if self.max_turns < 0:
+            self._fail("max_turns", "must be >= 0")
+        if self.error_allowance < 0:
+            self._fail("error_allowance", "must be >= 0")
+        if not self.num_numbers <= self.digit_tokens <= MAX_NUMBERS:
+            self._fail(
+                "digit_tokens", f"must be in [num_numbers={self.num_numbers}, {MAX_NUMBERS}]"
+            )
+        if self.grammar not in GRAMMARS:
+            self._fail("grammar", f"must be one of {GRAMMARS}")
+        if self.verdict not in VERDICTS:
+            self._fail("verdict", f"must be one of {VERDICTS}")
+        if self.max_enumerated_codes < 1:
+            self._fail("max_enumerated_codes", "must be >= 1")
+        if self.verdict == "exact" and self.num_codes > self.max_enumerated_codes:
+            self._fail(
+                "verdict",
+                f"'exact' enumerates the {self.num_codes} codes, more than "
+                f"max_enumerated_codes={self.max_enumerated_codes}",
+            )
+        if self.verdict_invalid > 0:
+            self._fail("verdict_invalid", "must be <= 0")
+        if self.oracle_candidates < 1:
+            self._fail("oracle_candidates", "must be >= 1")
+
+
+def level_config(level: str, **overrides) -> MastermindConfig:
+    """The config of a level (`LEVELS`), with field overrides (the horizon knob:
+    code_length, num_numbers, max_turns)."""
+    if level not in LEVELS:
+        raise ValueError(f"Unknown Mastermind level {level!r}; expected one of {tuple(LEVELS)}.")
+    return MastermindConfig(**{**LEVELS[level], **overrides})
