@@ -51,7 +51,24 @@ def collect(config: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
         "python": platform.python_version(),
         "packages": {name: _version(name) for name in PACKAGES},
         "devices": [str(device) for device in jax.devices()],
+        "cpu": cpu_model(),
     }
+
+
+def cpu_model() -> dict[str, Any]:
+    """The CPU's model name and a hash of its feature flags (`/proc/cpuinfo`; None where
+    absent): XLA compiles for the host's instruction set, so two machines of one kind can
+    round differently, and results that match only within intervals across machines can
+    then be told apart from a code change."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+    except OSError:
+        return {"model": platform.processor() or None, "flags_sha256": None}
+    info = {key.strip(): value.strip() for key, value in info.items()}
+    flags = info.get("flags")
+    digest = hashlib.sha256(flags.encode()).hexdigest()[:16] if flags else None
+    return {"model": info.get("model name"), "flags_sha256": digest, "cores": os.cpu_count()}
 
 
 def read(folder: str) -> dict[str, Any] | None:
