@@ -125,7 +125,9 @@ class DialogueConfig:
             spare = min(dsl.MAX_ATTRIBUTES, goal + SPARE_ATTRIBUTES)
             object.__setattr__(self, "num_attributes", max(spare, 2))
         if self.num_entities is None:
-            object.__setattr__(self, "num_entities", min(dsl.MAX_ENTITIES, max(8, self.num_constraints + 2)))
+            object.__setattr__(
+                self, "num_entities", min(dsl.MAX_ENTITIES, max(8, self.num_constraints + 2))
+            )
 
     def _check_sizes(self):
         for name in ("num_constraints", "num_requests", "num_attributes", "num_values"):
@@ -139,7 +141,12 @@ class DialogueConfig:
         if not 1 <= self.max_acts <= dsl.MAX_ACTS:
             _fail(self, "max_acts", "DialogueConfig", f"must be in [1, {dsl.MAX_ACTS}]")
         if not 1 <= self.num_constraints <= self.num_attributes:
-            _fail(self, "num_constraints", "DialogueConfig", f"must be in [1, num_attributes={self.num_attributes}]")
+            _fail(
+                self,
+                "num_constraints",
+                "DialogueConfig",
+                f"must be in [1, num_attributes={self.num_attributes}]",
+            )
         if not 0 <= self.num_requests <= self.num_attributes - self.num_constraints:
             _fail(
                 self,

@@ -37,8 +37,6 @@ def horizon_config(shortest: int, **persona_fields) -> DialogueConfig:
     constraints = min(6, (n + 1) // 2)
     requests = min(6, n - constraints)
     persona = Persona(chats=n - constraints - requests, **persona_fields)
-    config = DialogueConfig(
-        num_constraints=constraints, num_requests=requests, persona=persona
-    )
+    config = DialogueConfig(num_constraints=constraints, num_requests=requests, persona=persona)
     assert config.shortest == shortest
     return config

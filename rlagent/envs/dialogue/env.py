@@ -269,7 +269,9 @@ class DialogueEnv:
         t = self._fsm
         m = self.config.max_acts
         in_vocab = (tok >= 0) & (tok < dsl.VOCAB_SIZE)
-        head = jnp.where(in_vocab, jnp.asarray(t.head_act)[jnp.clip(tok, 0, dsl.VOCAB_SIZE - 1)], -1)
+        head = jnp.where(
+            in_vocab, jnp.asarray(t.head_act)[jnp.clip(tok, 0, dsl.VOCAB_SIZE - 1)], -1
+        )
         live = ~fsm.broken & ~fsm.ended
         boundary = fsm.act < 0
         start = live & boundary & (head >= 0) & (fsm.n_acts < m) & ~fsm.last_bye
@@ -334,7 +336,9 @@ class DialogueEnv:
             args = jnp.stack([ent, attr, val]).astype(jnp.int32)
             for j in range(dsl.MAX_ACT_LEN):
                 cls = jnp.asarray(t.slot_class)[index, j]
-                arg_token = jnp.asarray(t.class_low)[jnp.clip(cls, 0, 2)] + args[jnp.clip(cls, 0, 2)]
+                arg_token = (
+                    jnp.asarray(t.class_low)[jnp.clip(cls, 0, 2)] + args[jnp.clip(cls, 0, 2)]
+                )
                 tok = jnp.asarray(dsl.HEADS)[index] if j == 0 else arg_token
                 where = jnp.clip(position + j, 0, self.turn_len - 1)
                 write = present & (j < length)
@@ -355,12 +359,10 @@ class DialogueEnv:
             queried=state.queried,
             pending_chat=state.pending_chat,
         )
-        effects = []
-        for k in range(self.config.max_acts):
-            act = _Act(parsed.kinds[k], *(parsed.args[k, c] for c in ArgClass))
-            user, effect = _play_act(state, start, user, act)
-            effects.append(effect)
-        effects = jax.tree.map(lambda *xs: jnp.stack(xs), *effects)
+        # The acts in order, each against the user as the earlier ones left it; a scan
+        # compiles the act rules once, not once per act slot.
+        acts = _Act(parsed.kinds, *(parsed.args[:, c] for c in ArgClass))
+        user, effects = jax.lax.scan(functools.partial(_play_act, state, start), user, acts)
         judged = self._judge(start, parsed, effects)
         user, agenda, chat = self._user_move(state, user, judged)
         return self._finish(state, start, user, judged, (effects.item, agenda, chat))

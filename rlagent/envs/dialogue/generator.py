@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rlagent.envs.dialogue import messages
 from rlagent.envs.dialogue.config import DialogueConfig
@@ -26,21 +27,21 @@ def generate(config: DialogueConfig, key: jax.Array) -> State:
     """A fresh dialogue `State` from `key` (jit/vmap-safe)."""
     n, a, v = config.num_entities, config.num_attributes, config.num_values
     c, r = config.num_constraints, config.num_requests
-    keys = jax.random.split(key, 7)
-    kb = jax.random.randint(keys[0], (n, a), 0, v, jnp.int32)
-    attrs = jax.random.permutation(keys[1], a)
+    draws = _uniforms(key, kb=(n, a), order=(a,), target=(), near=(n,), shift=(c,),
+                      feedback=(config.max_turns, 2))  # fmt: skip
+    kb = _below(draws["kb"], v)
+    attrs = jnp.argsort(draws["order"])  # attrs[i]: the attribute of agenda rank i
     rank = jnp.zeros((a,), jnp.int32).at[attrs].set(jnp.arange(a, dtype=jnp.int32))
     goal_rank = jnp.where(rank < c, rank, a)
     request_rank = jnp.where((rank >= c) & (rank < c + r), rank - c, a)
     constraint = goal_rank < a
-    target = jax.random.randint(keys[2], (), c, n, jnp.int32)
+    target = c + _below(draws["target"], n - c)
     goal_value = jnp.where(constraint, kb[target], -1)
-    # Near misses: the C entities with the smallest scores among the indices below target.
-    scores = jnp.where(jnp.arange(n) < target, jax.random.uniform(keys[3], (n,)), 2.0)
-    near = jnp.argsort(scores)[:c]  # near[i] misses constraint of rank i
-    shift = jax.random.randint(keys[4], (c,), 1, v, jnp.int32)
+    # Near misses: the C entities with the smallest draws among the indices below target.
+    near = jnp.argsort(jnp.where(jnp.arange(n) < target, draws["near"], 2.0))[:c]
     rows = jnp.where(constraint[None, :], goal_value[None, :], kb[near])
-    missed = attrs[:c]  # the attribute of rank i
+    missed = attrs[:c]  # near[i] misses the constraint of rank i
+    shift = 1 + _below(draws["shift"], v - 1)
     rows = rows.at[jnp.arange(c), missed].set((goal_value[missed] + shift) % v)
     kb = kb.at[near].set(rows)
     # Any other entity meeting the goal is moved off the first constraint.
@@ -67,6 +68,25 @@ def generate(config: DialogueConfig, key: jax.Array) -> State:
         turn=jnp.int32(0),
         coherence_errors=jnp.int32(0),
         over=jnp.bool_(False),
-        feedback_draws=jax.random.uniform(keys[5], (config.max_turns, 2), jnp.float32),
+        feedback_draws=draws["feedback"],
         obs=messages.opening(config, first, goal_value[first]),
     )
+
+
+def _uniforms(key: jax.Array, **shapes) -> dict[str, jax.Array]:
+    """Float32 uniforms in [0, 1) of the given shapes, from one draw.
+
+    One `uniform` call: on the CPU, XLA compiles every threefry call of a reset anew, and
+    seven of them took 20x longer to compile than one.
+    """
+    sizes = [int(np.prod(shape)) for shape in shapes.values()]
+    flat = jax.random.uniform(key, (sum(sizes),), jnp.float32)
+    parts = jnp.split(flat, np.cumsum(sizes)[:-1])
+    return {
+        name: part.reshape(shape) for (name, shape), part in zip(shapes.items(), parts, strict=True)
+    }
+
+
+def _below(uniform: jax.Array, bound: int) -> jax.Array:
+    """int32 uniform in [0, bound) from uniforms in [0, 1)."""
+    return jnp.minimum((uniform * bound).astype(jnp.int32), bound - 1)

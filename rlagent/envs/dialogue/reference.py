@@ -3,12 +3,14 @@
 Written from the rules in `rlagent.envs.dialogue.env`'s docstring with ordinary `if`
 statements, as an independent check of the vectorised JAX dynamics: differential tests
 load a JAX reset state (`load`, so both play the same catalogue, goal and feedback
-draws) and replay the same turns on both.
+draws) and replay the same turns on both. `reset` samples a dialogue from the
+generator's rules (`rlagent.envs.dialogue.generator`) with Python's `random`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import numpy as np
 
@@ -97,6 +99,44 @@ class ReferenceDialogue:
                 values[name] = value.tolist() if value.ndim else value.item()
         return RefState(**values)
 
+    def reset(self, rng: random.Random) -> RefState:
+        """A dialogue sampled by the generator's rules (not the same draws as JAX's)."""
+        cfg = self.config
+        n, a, v, c, r = (cfg.num_entities, cfg.num_attributes, cfg.num_values,
+                         cfg.num_constraints, cfg.num_requests)  # fmt: skip
+        kb = [[rng.randrange(v) for _ in range(a)] for _ in range(n)]
+        attrs = rng.sample(range(a), a)  # attrs[i]: the attribute of agenda rank i
+        goal_rank, request_rank = [a] * a, [a] * a
+        for i, x in enumerate(attrs):
+            if i < c:
+                goal_rank[x] = i
+            elif i < c + r:
+                request_rank[x] = i - c
+        target = rng.randrange(c, n)
+        goal_value = [kb[target][x] if goal_rank[x] < a else -1 for x in range(a)]
+        for i, e in enumerate(rng.sample(range(target), c)):  # near misses below the target
+            for x in attrs[:c]:
+                kb[e][x] = goal_value[x]
+            kb[e][attrs[i]] = (goal_value[attrs[i]] + rng.randrange(1, v)) % v
+        first = attrs[0]
+        for e in range(n):
+            meets = all(goal_value[x] < 0 or kb[e][x] == goal_value[x] for x in range(a))
+            if meets and e != target:
+                kb[e][first] = (goal_value[first] + 1) % v
+        marker = [Marker.WANTED if goal_rank[x] < a else Marker.NONE for x in range(a)]
+        marker[first] = Marker.TOLD
+        obs = [T["USER"]] + _EMPTY * cfg.max_acts
+        obs += [T["u_inform"], dsl.ATTR_0 + first, dsl.VAL_0 + goal_value[first]]
+        obs += _EMPTY + [dsl.PAD] * (3 + a) + [dsl.PAD]
+        draws = [[np.float32(rng.random()) for _ in range(2)] for _ in range(cfg.max_turns)]
+        return RefState(
+            kb=kb, goal_value=goal_value, goal_rank=goal_rank, request_rank=request_rank,
+            target=target, marker=marker, answered_right=[False] * a,
+            informed=[[-1] * a for _ in range(n)], shown=[False] * n, accepted=-1,
+            queried=False, pending_chat=False, patience_left=cfg.persona.patience, turn=0,
+            coherence_errors=0, over=False, feedback_draws=draws, obs=obs,
+        )  # fmt: skip
+
     # The grammar -----------------------------------------------------------------------
     def parse(self, tokens) -> list | None:
         """`[(Act, ent, attr, val), ...]`, or None if the turn is malformed."""
@@ -132,7 +172,9 @@ class ReferenceDialogue:
     def step(self, state: RefState, action) -> tuple[RefState, RefTimeStep]:
         """Plays one turn in place; returns the (same, updated) state and its timestep."""
         if state.over:
-            return state, RefTimeStep(StepType.LAST, 0.0, 0.0, list(state.obs), list(state.marker), _zeros())
+            return state, RefTimeStep(
+                StepType.LAST, 0.0, 0.0, list(state.obs), list(state.marker), _zeros()
+            )
         acts = self.parse(action)
         before = self._snapshot(state)
         turn = _Turn(replies=[list(_EMPTY) for _ in range(self.config.max_acts)])
@@ -251,7 +293,11 @@ class ReferenceDialogue:
 
     def _recommend(self, state: RefState, before: dict, e: int, turn: _Turn) -> list:
         a = self.config.num_attributes
-        broken = [x for x in range(a) if state.goal_value[x] >= 0 and state.kb[e][x] != state.goal_value[x]]
+        broken = [
+            x
+            for x in range(a)
+            if state.goal_value[x] >= 0 and state.kb[e][x] != state.goal_value[x]
+        ]
         if not before["shown"][e]:
             turn.factual += 1
         incoherent = any(before["told"][x] for x in broken)
@@ -282,7 +328,11 @@ class ReferenceDialogue:
             state.pending_chat = True
         chat = list(_EMPTY)
         if state.pending_chat:
-            chat = [T["repeat"], T["u_chat"], dsl.PAD] if ignored_chat else [T["u_chat"], dsl.PAD, dsl.PAD]
+            chat = (
+                [T["repeat"], T["u_chat"], dsl.PAD]
+                if ignored_chat
+                else [T["u_chat"], dsl.PAD, dsl.PAD]
+            )
         if state.accepted < 0:
             wanted = [x for x in range(a) if state.marker[x] == Marker.WANTED]
             if persona.volunteers and wanted:
@@ -340,7 +390,9 @@ class ReferenceDialogue:
         )
         step_type = StepType.LAST if over else StepType.MID
         discount = 0.0 if over else 1.0
-        return RefTimeStep(step_type, float(success), discount, list(state.obs), list(state.marker), signals)
+        return RefTimeStep(
+            step_type, float(success), discount, list(state.obs), list(state.marker), signals
+        )
 
     def _observation(self, state, before, turn: _Turn, items, ending) -> list:
         thumb, leave = ending
