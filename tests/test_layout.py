@@ -24,7 +24,7 @@ SIBLINGS = {"rlagent.envs": "rlagent.models", "rlagent.models": "rlagent.envs"}
 # Generic layers: they must work with any environment of rlagent.envs.base.
 GENERIC = ("rlagent.rollout", "rlagent.train", "rlagent.credit", "rlagent.prm", "rlagent.host")
 # Optional or heavy outside packages that may be imported where they are used.
-LAZY_OK = ("matplotlib", "rliable", "scipy", "tensorboardX", "transformers", "torch")
+LAZY_OK = ("matplotlib", "rliable", "scipy", "tensorboardX", "textarena", "transformers", "torch")
 MAX_LINES, MAX_POSITIONAL = 80, 6
 
 

@@ -28,6 +28,10 @@ REWARDS = (
     "learned_sum",  # outcome + (2 p - 1).
     "learned_min",  # outcome + prm_rewards(2 p - 1, form="min").
     "learned_potential",  # outcome + shaping, Phi = 0.5 x sum of the scores of past turns.
+    # Dialogue environments (rlagent.envs.dialogue):
+    "dialogue",  # the brief's mix: fluency + factuality + user feedback (`dialogue_weights`).
+    "rating",  # the simulated user's end-of-dialogue satisfaction rating alone.
+    "feedback",  # the user's sparse, noisy thumbs up / down alone.
 )
 # Reward forms that read a process reward model's scores.
 LEARNED_REWARDS = ("learned_sum", "learned_min", "learned_potential")
@@ -44,6 +48,7 @@ class TrainConfig:
     group_size: int = 8  # episodes per task (GRPO / RLOO / GiGPO groups).
     reward: str = "process"  # one of REWARDS.
     reward_weights: tuple[float, float, float] = (0.5, 0.3, 0.2)  # outcome, process, efficiency
+    dialogue_weights: tuple[float, float, float] = (1.0, 1.0, 1.0)  # fluency, factuality, feedback
     prm_temperature: float = 0.1  # temperature of the min-form PRM credit.
     violation_penalty: float = 0.0  # subtracted once per turn that breaks a guardrail rule.
     estimator: str = "gae_turn"  # one of ESTIMATORS.
@@ -123,6 +128,8 @@ class TrainConfig:
             raise ValueError(f"gamma and lam must lie in [0, 1], got {self.gamma}, {self.lam}.")
         if len(self.reward_weights) != 3:
             raise ValueError("reward_weights must be (outcome, process, efficiency).")
+        if len(self.dialogue_weights) != 3:
+            raise ValueError("dialogue_weights must be (fluency, factuality, feedback).")
         if self.kl_target is not None and self.kl_placement == "none":
             raise ValueError("kl_target (adaptive KL) needs kl_placement 'reward' or 'loss'.")
         if self.credit_every < 0:
@@ -195,8 +202,9 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"Unknown TrainConfig fields {unknown}; known: {sorted(fields)}.")
         kwargs = dict(values)
-        if "reward_weights" in kwargs:
-            kwargs["reward_weights"] = tuple(float(w) for w in kwargs["reward_weights"])
+        for name in ("reward_weights", "dialogue_weights"):
+            if name in kwargs:
+                kwargs[name] = tuple(float(w) for w in kwargs[name])
         return cls(**kwargs)
 
 

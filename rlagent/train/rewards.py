@@ -51,7 +51,16 @@ COMPONENT_SIGNALS = {
     "learned_sum": None,
     "learned_min": None,
     "learned_potential": None,
+    # Dialogue (rlagent.envs.dialogue): each the signal itself, a negated error count or
+    # the simulated user's feedback / end-of-dialogue rating.
+    "fluency": "fluency",
+    "factuality": "factuality",
+    "feedback": "feedback",
+    "rating": "rating",
+    "coherence": "coherence",
 }
+# Components that are the environment's signal as it is (masked to played turns).
+DIRECT = ("fluency", "factuality", "feedback", "rating", "coherence")
 COMPONENTS = tuple(COMPONENT_SIGNALS)
 
 # Potential Phi_s = POTENTIAL_SCALE * (number of valid plan steps taken before turn s):
@@ -113,6 +122,11 @@ def reward_weights(config: TrainConfig, reward: str | None = None) -> np.ndarray
         "prm_min": {"outcome": 1.0, "prm_min": 1.0},
         "potential": {"outcome": 1.0, "potential": 1.0},
         **{form: {"outcome": 1.0, form: 1.0} for form in LEARNED_REWARDS},
+        "dialogue": dict(
+            zip(("fluency", "factuality", "feedback"), config.dialogue_weights, strict=True)
+        ),  # fmt: skip
+        "rating": {"rating": 1.0},
+        "feedback": {"feedback": 1.0},
     }
     weights = dict.fromkeys(COMPONENTS, 0.0)
     weights.update(forms[reward])
@@ -155,7 +169,9 @@ def reward_components(
         learned = (jnp.zeros_like(valid),) * 3
     else:
         learned = _learned_components(prm_scores, turn_mask, truncated, config)
-    return jnp.stack([c * valid for c in components + learned], axis=-1).astype(jnp.float32)
+    direct = tuple(signal[name] for name in DIRECT)
+    stacked = [c * valid for c in components + learned + direct]
+    return jnp.stack(stacked, axis=-1).astype(jnp.float32)
 
 
 def turn_rewards(

@@ -126,6 +126,11 @@ class DialogueEnv:
         "learned_sum",  # a PRM's scores (any environment).
         "learned_min",
         "learned_potential",
+        "fluency",  # `fluency`: -(malformed turns + acts beyond the persona's wish).
+        "factuality",  # `factuality`: -(wrong facts + ungrounded recommendations).
+        "feedback",  # `feedback`: the user's noisy, sparse thumbs up / down.
+        "rating",  # `rating`: (stars - 3) / 2 on the last turn.
+        "coherence",  # `coherence`: -(coherence errors).
     )
 
     def reset(self, key: jax.Array) -> tuple[State, TimeStep]:
