@@ -70,7 +70,7 @@ def main(argv):
         setup.env,
         setup.policy_config,
         setup.rollout_config,
-        **trainer_extras(setup.train_config, setup.env, setup.rollout_config),
+        **_extras(setup, setup.train_config),
     )
     results = {
         "device": str(jax.devices()[0]),
@@ -103,6 +103,14 @@ def main(argv):
     if _JSON_OUT.value:
         with open(_JSON_OUT.value, "w") as f:
             json.dump(results, f, indent=2)
+
+
+def _extras(setup, train_config) -> dict:
+    """`trainer_extras` of the setup's PRM and probe configs (an older checkout's Setup,
+    which has none, gets its own defaults)."""
+    configs = {"prm": "prm_config", "probe": "probe_config"}
+    extras = {k: getattr(setup, v) for k, v in configs.items() if hasattr(setup, v)}
+    return trainer_extras(train_config, setup.env, setup.rollout_config, **extras)
 
 
 def _init(trainer, train_config, runs):
@@ -152,7 +160,7 @@ def _breakdown(trainer, state, setup, update_ms: float) -> dict:
             setup.env,
             setup.policy_config,
             setup.rollout_config,
-            **trainer_extras(no_kl, setup.env, setup.rollout_config),
+            **_extras(setup, no_kl),
         )
         # Interleaved, so that a load change on a shared CPU hits both programs alike.
         with_kl_ms, no_kl_ms = _best_ms_interleaved(

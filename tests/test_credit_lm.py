@@ -12,6 +12,7 @@ from flax import nnx
 
 from rlagent.credit import lm
 from rlagent.credit import mc
+from rlagent.credit.probe import ProbeConfig
 from rlagent.envs.toolworld import ToolWorld
 from rlagent.envs.toolworld import dsl
 from rlagent.envs.toolworld import level_config
@@ -109,17 +110,13 @@ def test_training_logs_credit_accuracy_every_k_updates(env):
         group_size=2,
         num_epochs=1,
         num_minibatches=1,
-        credit_every=2,
-        credit_episodes=2,
-        credit_samples=2,
     )
+    rollout_config = RolloutConfig(window=1, constrained=True)
+    probe = ProbeConfig(every=2, episodes=2, samples=2)
     trainer = make_train(
-        config,
-        env,
-        POLICY,
-        RolloutConfig(window=1, constrained=True),
-        **trainer_extras(config, env, RolloutConfig(window=1, constrained=True)),
-    )
+        config, env, POLICY, rollout_config,
+        **trainer_extras(config, env, rollout_config, probe=probe),
+    )  # fmt: skip
     _, metrics = jax.jit(trainer.train)(jax.random.key(0))
     turns = np.asarray(metrics["credit_num_turns"])
     assert turns[0] > 0 and np.isnan(turns[1])  # measured on update 0, not on update 1
@@ -131,16 +128,13 @@ def test_only_the_measured_updates_trace_the_monte_carlo(env, monkeypatch):
     traced = []
     mc_values = mc.mc_values
     monkeypatch.setattr(mc, "mc_values", lambda *a, **k: traced.append(1) or mc_values(*a, **k))
-    config = TrainConfig(
-        num_groups=2, group_size=2, credit_every=2, credit_episodes=2, credit_samples=2
-    )
+    config = TrainConfig(num_groups=2, group_size=2)
+    rollout_config = RolloutConfig(window=1, constrained=True)
+    probe = ProbeConfig(every=2, episodes=2, samples=2)
     trainer = make_train(
-        config,
-        env,
-        POLICY,
-        RolloutConfig(window=1, constrained=True),
-        **trainer_extras(config, env, RolloutConfig(window=1, constrained=True)),
-    )
+        config, env, POLICY, rollout_config,
+        **trainer_extras(config, env, rollout_config, probe=probe),
+    )  # fmt: skip
     states = jax.vmap(trainer.init)(jax.random.split(jax.random.key(0), 2))
     jax.eval_shape(jax.vmap(trainer.update), states)
     assert not traced
@@ -149,12 +143,20 @@ def test_only_the_measured_updates_trace_the_monte_carlo(env, monkeypatch):
     assert len(traced) == 1
     assert metrics["credit_num_turns"].shape == (2, 3)
     plain = make_train(TrainConfig(num_groups=2, group_size=2), env, POLICY, RolloutConfig())
-    with pytest.raises(ValueError, match="credit_every"):
+    with pytest.raises(ValueError, match="ProbeConfig with every > 0"):
         plain.update(states, measure_credit=True)
 
 
-def test_probe_options_are_validated():
-    with pytest.raises(ValueError, match="credit_episodes"):
-        TrainConfig(num_groups=2, group_size=2, credit_every=1, credit_episodes=5)
-    with pytest.raises(ValueError, match="credit_every"):
-        TrainConfig(credit_every=-1)
+def test_probe_options_are_validated(env):
+    small = TrainConfig(num_groups=2, group_size=2)
+    with pytest.raises(ValueError, match=r"ProbeConfig.episodes .*batch_size=4"):
+        trainer_extras(small, env, RolloutConfig(), probe=ProbeConfig(every=1, episodes=5))
+    assert trainer_extras(small, env, RolloutConfig(), probe=ProbeConfig(episodes=5)) == {
+        "prm": None,
+        "credit_probe": None,
+    }  # off: nothing built, nothing checked against the batch
+    for field, value in (("every", -1), ("episodes", 0), ("samples", 1)):
+        with pytest.raises(ValueError, match=f"ProbeConfig.{field}"):
+            ProbeConfig(**{field: value})
+    with pytest.raises(ValueError, match=r"Unknown ProbeConfig fields \['credit_every'\]"):
+        ProbeConfig.from_mapping({"credit_every": 2})

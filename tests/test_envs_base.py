@@ -19,6 +19,7 @@ from rlagent.envs import TokenSpec
 from rlagent.envs import check_environment
 from rlagent.models import Policy
 from rlagent.models import PolicyConfig
+from rlagent.prm import PRMConfig
 from rlagent.prm import prm_factory
 from rlagent.rollout import RolloutConfig
 from rlagent.rollout import make_rollout
@@ -166,6 +167,6 @@ def test_monte_carlo_credit_and_prms_work_or_refuse_by_name():
     assert float(jnp.mean(values.success[:, 0])) == pytest.approx(1 - 0.75**4, abs=0.03)
     with pytest.raises(ValueError, match="GuessEnv has no oracle_action"):
         mc.oracle(ENV)
-    noisy = TrainConfig(num_groups=2, group_size=2, reward="learned_sum", prm="noisy_oracle")
+    noisy = TrainConfig(num_groups=2, group_size=2, reward="learned_sum")
     with pytest.raises(ValueError, match="verdict"):
-        prm_factory(noisy, ENV, ROLLOUT)(policy_graphdef(POLICY))
+        prm_factory(PRMConfig(kind="noisy_oracle"), noisy, ENV, ROLLOUT)(policy_graphdef(POLICY))

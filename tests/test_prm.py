@@ -17,16 +17,20 @@ from rlagent.credit import lm
 from rlagent.credit import mc
 from rlagent.credit.mc import MCValues
 from rlagent.credit.mc import TurnSignals
+from rlagent.credit.probe import ProbeConfig
 from rlagent.envs.toolworld import ToolWorld
 from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.host import loop
 from rlagent.host.extras import trainer_extras
 from rlagent.models import Policy
+from rlagent.prm import PRMConfig
 from rlagent.prm import PRMInputs
 from rlagent.prm import completion_labels
 from rlagent.prm import label_quality
 from rlagent.prm import make_prm
 from rlagent.prm import progress_labels
 from rlagent.prm.learned import label_episodes
+from rlagent.prm.learned import make_learned_prm
 from rlagent.returns import prm_rewards
 from rlagent.rollout import RolloutConfig
 from rlagent.rollout import make_rollout
@@ -100,7 +104,7 @@ SCORES = jnp.asarray([[0.8, 0.2, 0.6, 0.9], [0.5, 1.0, 0.0, 0.25]])
 
 
 def test_learned_components_by_hand():
-    signals, config = _signals(), TrainConfig(prm="noisy_oracle", gamma=1.0)
+    signals, config = _signals(), TrainConfig(gamma=1.0)
     components = np.asarray(reward_components(signals, config, SCORES))
     learned = {name: components[..., COMPONENTS.index(name)] for name in LEARNED_REWARDS}
     np.testing.assert_allclose(
@@ -117,7 +121,7 @@ def test_learned_components_by_hand():
     )
     np.testing.assert_allclose(learned["learned_min"], expected_min, atol=1e-6)
     # A bootstrapped truncated row ends at the potential of all its turns: Phi_S - Phi_0.
-    boot = TrainConfig(prm="noisy_oracle", gamma=1.0, bootstrap_truncated=True)
+    boot = TrainConfig(gamma=1.0, bootstrap_truncated=True)
     shaped = np.asarray(reward_components(signals, boot, SCORES))[..., COMPONENTS.index(
         "learned_potential")]  # fmt: skip
     np.testing.assert_allclose(shaped.sum(axis=1), [0.0, 0.5 * 1.75], atol=1e-6)
@@ -145,7 +149,8 @@ def test_noisy_oracle_flips_labels_at_its_noise_rate():
     judged = np.asarray(mask & (verdict != 0))
     inputs = PRMInputs(None, None, signals, None)
     for noise in (0.0, 0.3):
-        prm = make_prm(TrainConfig(prm="noisy_oracle", prm_noise=noise), None, None, None)
+        noisy = PRMConfig(kind="noisy_oracle", noise=noise)
+        prm = make_prm(noisy, TrainConfig(), None, None, None)
         state = prm.init(jax.random.key(1), None)
         scores = np.asarray(prm.scores(state, inputs, jax.random.key(2)))
         assert not scores[~np.asarray(mask)].any()
@@ -173,17 +178,15 @@ CONFIG = TrainConfig(
     num_epochs=1,
     num_minibatches=1,
     reward="learned_potential",
-    prm="completion",
-    prm_label_episodes=2,
-    prm_label_samples=2,
-    prm_learning_rate=1e-2,
 )
+PRM = PRMConfig(kind="completion", label_episodes=2, label_samples=2, learning_rate=1e-2)
 
 
 @pytest.fixture(scope="module")
 def trained():
     """Two trainer updates; then the first one's labels replayed outside the trainer."""
-    trainer = make_train(CONFIG, ENV, POLICY, ROLLOUT, **trainer_extras(CONFIG, ENV, ROLLOUT))
+    extras = trainer_extras(CONFIG, ENV, ROLLOUT, prm=PRM)
+    trainer = make_train(CONFIG, ENV, POLICY, ROLLOUT, **extras)
     state = trainer.init(jax.random.key(0))
     update = jax.jit(trainer.update)
     first, metrics_1 = update(state)
@@ -195,14 +198,14 @@ def trained():
     rollout = jax.jit(make_rollout(ENV, trainer.graphdef, ROLLOUT, with_carries=True))
     traj, carries = rollout(state.params, env_keys, policy_keys)
     _, update_key = jax.random.split(jax.random.fold_in(shuffle_key, 0x9B3))
-    labelled = label_episodes(CONFIG)
+    labelled = label_episodes(PRM, CONFIG.batch_size)
     play = lm.play_policy(ENV, trainer.graphdef, ROLLOUT, state.params)
     values = jax.jit(mc.mc_values, static_argnames=("play", "num_samples", "config", "q_only"))(
         play,
         jax.tree.map(lambda x: x[labelled], lm.forks_from_carries(carries)),
         mc.trajectory_signals(jax.tree.map(lambda x: x[labelled], traj)),
         update_key,
-        num_samples=CONFIG.prm_label_samples,
+        num_samples=PRM.label_samples,
         reward_weights=reward_weights(CONFIG, "outcome"),
         config=CONFIG,
         q_only=True,  # completion labels read Q only
@@ -224,10 +227,10 @@ def test_training_with_a_learned_prm_reports_its_label_cost(trained):
     # The first update's labels cost the turns its Monte-Carlo continuations played:
     # N continuations from after every played turn but the last of the labelled episodes
     # (one per group), 1 to S turns each.
-    labelled = label_episodes(CONFIG)
+    labelled = label_episodes(PRM, CONFIG.batch_size)
     np.testing.assert_array_equal(labelled, [0, 2])
     assert float(trained["metrics"][0]["label_turns"]) == trained["label_turns"]
-    forks = (trained["played"] - len(labelled)) * CONFIG.prm_label_samples
+    forks = (trained["played"] - len(labelled)) * PRM.label_samples
     assert forks <= trained["label_turns"] <= forks * ENV.max_turns
 
 
@@ -244,27 +247,54 @@ def test_scorer_loss_decreases_on_fixed_labels(trained):
 @pytest.mark.parametrize(
     "overrides,field",
     [
-        (dict(prm="oracle"), "prm"),
-        (dict(reward="learned_sum"), "prm"),
-        (dict(prm="completion", credit_every=5), "credit_every"),
-        (dict(prm_noise=0.7), "prm_noise"),
-        (dict(prm="progress", prm_label_episodes=0), "prm_label_episodes"),
-        (dict(prm="completion", prm_label_episodes=65), "prm_label_episodes"),
-        (dict(prm_label_samples=0), "prm_label_samples"),
-        (dict(prm_prover_epsilon=-0.1), "prm_prover_epsilon"),
-        (dict(prm_learning_rate=0.0), "prm_learning_rate"),
-        (dict(prm_beta=0.0), "prm_beta"),
+        (dict(kind="oracle"), "PRMConfig.kind"),
+        (dict(noise=0.7), "PRMConfig.noise"),
+        (dict(kind="progress", label_episodes=0), "PRMConfig.label_episodes"),
+        (dict(label_samples=0), "PRMConfig.label_samples"),
+        (dict(prover_epsilon=-0.1), "PRMConfig.prover_epsilon"),
+        (dict(learning_rate=0.0), "PRMConfig.learning_rate"),
+        (dict(beta=0.0), "PRMConfig.beta"),
     ],
 )
 def test_bad_prm_config_names_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):
-        TrainConfig(**overrides)
+        PRMConfig(**overrides)
+    with pytest.raises(ValueError, match=field):
+        PRMConfig.from_mapping(overrides)
+    with pytest.raises(ValueError, match=r"Unknown PRMConfig fields \['prm_noise'\]"):
+        PRMConfig.from_mapping({"prm_noise": 0.1})
+
+
+@pytest.mark.parametrize(
+    "prm,probe,field",
+    [
+        (PRMConfig(kind="completion"), ProbeConfig(every=5), "ProbeConfig.every"),
+        (PRMConfig(kind="completion", label_episodes=65), ProbeConfig(), "label_episodes"),
+        (PRMConfig(), ProbeConfig(every=1, episodes=65), "ProbeConfig.episodes"),
+    ],
+)
+def test_extras_that_do_not_fit_the_run_are_refused_by_name(prm, probe, field):
+    with pytest.raises(ValueError, match=field):
+        trainer_extras(TrainConfig(), ENV, ROLLOUT, prm=prm, probe=probe)
 
 
 def test_learned_rewards_and_make_prm_need_a_prm():
-    config = TrainConfig()
-    with pytest.raises(ValueError, match="TrainConfig.prm"):
-        reward_weights(config, "learned_min")
+    config = TrainConfig(reward="learned_min")
+    with pytest.raises(ValueError, match=r"TrainConfig.reward='learned_min'.*make_train\(prm=\)"):
+        make_train(config, ENV, POLICY, ROLLOUT)
     graphdef, _ = nnx.split(Policy(POLICY, rngs=nnx.Rngs(0)))
-    with pytest.raises(ValueError, match="TrainConfig.prm"):
-        make_prm(config, ENV, graphdef, ROLLOUT)
+    with pytest.raises(ValueError, match="PRMConfig.kind"):
+        make_prm(PRMConfig(), config, ENV, graphdef, ROLLOUT)
+    with pytest.raises(ValueError, match="PRMConfig.kind"):
+        make_learned_prm(PRMConfig(kind="implicit"), config, ENV, graphdef, ROLLOUT)
+    with pytest.raises(ValueError, match="PRMConfig.label_episodes"):
+        label_episodes(PRMConfig(label_episodes=5), batch_size=4)
+
+
+def test_the_loop_refuses_a_learned_condition_without_a_prm(tmp_path):
+    with pytest.raises(ValueError, match=r"condition 'learned_sum'.*PRMConfig.kind"):
+        loop.run(
+            TrainConfig(), ENV, POLICY, ROLLOUT, seeds=[0], workdir=str(tmp_path),
+            conditions=["outcome", "learned_sum"], progress=False,
+        )  # fmt: skip
+    assert not list(tmp_path.iterdir())  # refused before anything is written

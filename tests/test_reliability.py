@@ -31,13 +31,16 @@ from experiments.configs import sparse_vs_dense as default_config
 from experiments.studies import common
 from experiments.studies.sparse_vs_dense import reward_runs
 from rlagent.analysis import report
+from rlagent.credit.probe import ProbeConfig
 from rlagent.envs.toolworld import ToolWorldConfig
 from rlagent.host import loop
 from rlagent.host import provenance
 from rlagent.host.writers import MetricWriter
 from rlagent.models import PolicyConfig
+from rlagent.prm import PRMConfig
 from rlagent.rollout import RolloutConfig
 from rlagent.train import TrainConfig
+from rlagent.train.evaluation import EvalConfig
 from rlagent.train.ppo import NONFINITE_METRICS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -89,10 +92,19 @@ def test_resume_refuses_a_changed_config_before_restoring(straight, tmp_path, mo
     decaying = dataclasses.replace(TINY, num_updates=3, lr_schedule="linear")
     with pytest.raises(loop.RunError, match="train.num_updates: 2 -> 3"):
         _run(workdir, config=decaying, resume=True)
+    # The extras' configs are part of the resolved config too.
+    with pytest.raises(loop.RunError, match=r"eval.every: 0 -> 2"):
+        _run(workdir, resume=True, evaluation=EvalConfig(every=2, episodes=4))
+    with pytest.raises(loop.RunError, match=r"probe.every: 0 -> 2"):
+        _run(workdir, resume=True, probe=ProbeConfig(every=2, episodes=2))
+    with pytest.raises(loop.RunError, match=r"prm.kind: 'none' -> 'noisy_oracle'"):
+        _run(workdir, resume=True, prm=PRMConfig(kind="noisy_oracle"))
     assert not restored
     stored = provenance.read(str(workdir))
     assert stored["config"]["train"]["learning_rate"] == 3e-3
     assert stored["config"]["seeds"] == [0, 1] and stored["git"]["commit"]
+    assert stored["config"]["prm"] == dataclasses.asdict(PRMConfig())
+    assert stored["config"]["probe"]["every"] == stored["config"]["eval"]["every"] == 0
     assert {"command", "packages", "devices"} <= set(stored)
 
 
@@ -101,7 +113,7 @@ class _Checked(Exception):
 
 
 def _stop_after_checks(monkeypatch):
-    def stop(*args):
+    def stop(*args, **kwargs):
         raise _Checked
 
     monkeypatch.setattr(loop, "_trainer", stop)

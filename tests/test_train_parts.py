@@ -21,7 +21,6 @@ from rlagent.returns import compose_rewards
 from rlagent.rollout import TokenScores
 from rlagent.train import estimators
 from rlagent.train.config import ESTIMATORS
-from rlagent.train.config import LEARNED_REWARDS
 from rlagent.train.config import REWARDS
 from rlagent.train.config import TrainConfig
 from rlagent.train.estimators import anchor_ids
@@ -180,8 +179,7 @@ def test_turn_rewards_match_hand_computed_forms():
     prm_min = np.asarray(turn_rewards(traj, _config(reward="prm_min")))
     assert np.all(prm_min[~np.asarray(traj.turn_mask)] == 0)
     for name in REWARDS:
-        prm = "noisy_oracle" if name in LEARNED_REWARDS else "none"
-        rewards = turn_rewards(traj, _config(reward=name, prm=prm))
+        rewards = turn_rewards(traj, _config(reward=name))
         assert rewards.dtype == jnp.float32 and rewards.shape == (B, S)
 
 

@@ -56,12 +56,18 @@ def get_config() -> ml_collections.ConfigDict:
     config.rollout = main.rollout
     config.train = main.train  # TrainConfig fields.
     config.train.num_updates = 60
-    # Held-out evaluation after the last update (64 fixed episodes, sampled and greedy).
-    config.train.eval_every = 60
-    config.train.eval_episodes = 64
-    # Credit accuracy along the run (rlagent.credit.probe) at updates 1, 31: the
-    # estimator's credit on 4 episodes vs Monte-Carlo advantages from 4 continuations.
-    config.train.credit_every = 30
-    config.train.credit_episodes = 4
-    config.train.credit_samples = 4
+    # PRMConfig fields; `kind` and `noise` are set per condition (`form/prm=<kind>`).
+    config.prm = main.prm
+    # Held-out evaluation after the last update (64 fixed episodes, sampled and greedy;
+    # EvalConfig fields).
+    config.eval = main.eval
+    config.eval.every = 60
+    config.eval.episodes = 64
+    # Credit accuracy along the run (rlagent.credit.probe ProbeConfig fields) at updates
+    # 1, 31: the estimator's credit on 4 episodes vs Monte-Carlo advantages from 4
+    # continuations (off in the runs with a PRM).
+    config.probe = main.probe
+    config.probe.every = 30
+    config.probe.episodes = 4
+    config.probe.samples = 4
     return config

@@ -21,10 +21,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.estimator_horizons = config.horizons
     config.seeds = 20
     config.train.num_updates = 200
-    config.train.eval_every = 50
-    config.train.eval_episodes = 128
-    config.train.credit_every = 50
-    config.train.credit_episodes = 8
-    config.train.credit_samples = 8
+    config.eval.every = 50
+    config.eval.episodes = 128
+    config.probe.every = 50
+    config.probe.episodes = 8
+    config.probe.samples = 8
     config.chunk_size = 25
     return config

@@ -40,10 +40,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.seeds = 5
     config.chunk_size = 10
     config.train.num_updates = 100
-    # PRM settings (rlagent.train.TrainConfig prm_* fields; `prm` and `prm_noise` are set
-    # per condition).
-    config.train.prm_label_episodes = 8  # of the 64 episodes per update, labelled by MC.
-    config.train.prm_label_samples = 4  # N continuations per label.
+    # PRM settings (rlagent.prm.PRMConfig fields; `kind` and `noise` are set per condition).
+    config.prm.label_episodes = 8  # of the 64 episodes per update, labelled by MC.
+    config.prm.label_samples = 4  # N continuations per label.
 
     # The label-quality study (experiments.studies.label_quality), run after training.
     labels = ml_collections.ConfigDict()

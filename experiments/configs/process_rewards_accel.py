@@ -22,8 +22,8 @@ def get_config() -> ml_collections.ConfigDict:
     )
     config.seeds = 10
     config.train.num_updates = 120
-    config.train.prm_label_episodes = 16
-    config.train.prm_label_samples = 8
+    config.prm.label_episodes = 16
+    config.prm.label_samples = 8
     config.labels.behaviours = "prover_0.5,ppo_30"
     config.labels.seeds = 5
     config.labels.num_episodes = 64

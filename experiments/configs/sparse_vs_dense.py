@@ -11,11 +11,14 @@ field can be overridden from the command line.
 import ml_collections
 
 from experiments.studies.common import section
+from rlagent.credit.probe import ProbeConfig
 from rlagent.envs.toolworld import ToolWorldConfig
 from rlagent.envs.toolworld import dsl
 from rlagent.models import PolicyConfig
+from rlagent.prm.config import PRMConfig
 from rlagent.rollout import RolloutConfig
 from rlagent.train.config import TrainConfig
+from rlagent.train.evaluation import EvalConfig
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -62,4 +65,12 @@ def get_config() -> ml_collections.ConfigDict:
         estimator="gae_turn",
         learning_rate=1e-3,
     )
+
+    # The trainer's extras, each off by default: a process reward model (rlagent.prm
+    # PRMConfig fields; the learned_* reward forms read its scores), credit accuracy in
+    # training (rlagent.credit.probe ProbeConfig fields) and held-out evaluation between
+    # chunks (rlagent.train.evaluation EvalConfig fields).
+    config.prm = section(PRMConfig)
+    config.probe = section(ProbeConfig)
+    config.eval = section(EvalConfig)
     return config

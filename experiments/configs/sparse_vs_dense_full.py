@@ -23,6 +23,6 @@ def get_config() -> ml_collections.ConfigDict:
     config.seeds = 30  # per condition; all conditions x seeds train under one vmap.
     # Held-out evaluation (rlagent.train.evaluation): sampled and greedy, every 30 updates
     # and after the last, on 64 fixed held-out episodes shared by every run.
-    config.train.eval_every = 30
-    config.train.eval_episodes = 64
+    config.eval.every = 30
+    config.eval.episodes = 64
     return config

@@ -1,9 +1,10 @@
 """What the studies share: configs as data, runs, their training and report.
 
 An ml_collections config (experiments/configs/*.py, sections made by `section`) becomes
-typed configs (`build`); a study is a list of `Run`s (`prm_runs`: one per process reward
-model) trained and reported by `run_and_report` into one workdir (`rlagent.host.workdir`
-refuses, clears or resumes it). The policies and checkpoints the Monte-Carlo studies
+typed configs (`build`: env, model, rollout, train, and the extras' prm, probe, eval); a
+study is a list of `Run`s (`prm_runs`: one per process reward model) trained and
+reported by `run_and_report` into one workdir (`rlagent.host.workdir` refuses, clears
+or resumes it). The policies and checkpoints the Monte-Carlo studies
 share (`env_policy`, `lm_setup`, `checkpoint`) and `estimator_config` live here too.
 Launchers in experiments/ only parse flags and call a study, so a notebook can run the
 same study.
@@ -28,21 +29,25 @@ from ml_collections import config_dict
 
 from rlagent.analysis import report
 from rlagent.credit import mc
+from rlagent.credit.probe import ProbeConfig
 from rlagent.envs.toolworld import ToolWorld
 from rlagent.envs.toolworld import ToolWorldConfig
 from rlagent.envs.toolworld import dsl
 from rlagent.host import loop
 from rlagent.host import provenance
+from rlagent.host.extras import check_extras
 from rlagent.host.extras import trainer_extras
 from rlagent.host.workdir import prepare_workdir
 from rlagent.host.workdir import resumable_fields
 from rlagent.host.writers import MetricWriter
 from rlagent.models import Policy
 from rlagent.models import PolicyConfig
+from rlagent.prm.config import PRMConfig
 from rlagent.rollout import RolloutConfig
 from rlagent.train.config import LEARNED_REWARDS
 from rlagent.train.config import REWARDS
 from rlagent.train.config import TrainConfig
+from rlagent.train.evaluation import EvalConfig
 from rlagent.train.ppo import make_train
 from rlagent.train.rewards import check_reward
 from rlagent.train.rewards import reward_weights
@@ -53,6 +58,16 @@ class Setup(NamedTuple):
     policy_config: PolicyConfig
     rollout_config: RolloutConfig
     train_config: TrainConfig
+    prm_config: PRMConfig = PRMConfig()  # the `prm` section: a process reward model.
+    probe_config: ProbeConfig = ProbeConfig()  # `probe`: credit accuracy in training.
+    eval_config: EvalConfig = EvalConfig()  # `eval`: held-out evaluation.
+
+    def extras(self) -> dict[str, Any]:
+        """`make_train(**setup.extras())`: the PRM and credit probe of this setup."""
+        return trainer_extras(
+            self.train_config, self.env, self.rollout_config, prm=self.prm_config,
+            probe=self.probe_config,
+        )  # fmt: skip
 
 
 class Run(NamedTuple):
@@ -62,16 +77,22 @@ class Run(NamedTuple):
 
 
 def build(config: ml_collections.ConfigDict) -> Setup:
-    """Typed configs from the `env`, `model`, `rollout` and `train` sections."""
+    """Typed configs from the `env`, `model`, `rollout` and `train` sections, and the
+    extras' `prm`, `probe` and `eval` sections (defaults where a section is absent)."""
     env = ToolWorld(_make(ToolWorldConfig, config.env, "env"))
     model = dict(config.model)
     model.setdefault("vocab_size", dsl.VOCAB_SIZE)
-    return Setup(
+    setup = Setup(
         env=env,
         policy_config=_make(PolicyConfig, model, "model"),
         rollout_config=_make(RolloutConfig, config.rollout, "rollout"),
         train_config=TrainConfig.from_mapping(config.train),
+        prm_config=PRMConfig.from_mapping(config.get("prm", {})),
+        probe_config=ProbeConfig.from_mapping(config.get("probe", {})),
+        eval_config=EvalConfig.from_mapping(config.get("eval", {})),
     )
+    check_extras(setup.train_config, setup.prm_config, setup.probe_config)  # across sections
+    return setup
 
 
 class PRMGroup(NamedTuple):
@@ -86,9 +107,18 @@ class PRMGroup(NamedTuple):
         """`prm_<kind>[_<eps>]` (`prm_none` without a PRM)."""
         return f"prm_{self.kind}" + (f"_{self.noise:g}" if self.noise else "")
 
-    def train_fields(self) -> dict[str, Any]:
-        """The `train` fields that select this group's PRM."""
-        return {"prm": self.kind, "prm_noise": self.noise}
+    def prm_fields(self) -> dict[str, Any]:
+        """The `prm` section's fields that select this group's PRM (`PRMConfig`)."""
+        return {"kind": self.kind, "noise": self.noise}
+
+    def with_prm(self, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+        """A copy of experiment `config` whose `prm` section (defaults if absent) selects
+        this group's PRM."""
+        out = ml_collections.ConfigDict(config.to_dict())
+        if "prm" not in out:
+            out.prm = section(PRMConfig)
+        out.prm.update(self.prm_fields())
+        return out
 
 
 def prm_groups(text: str, field: str = "conditions") -> list[PRMGroup]:
@@ -130,15 +160,13 @@ def prm_groups(text: str, field: str = "conditions") -> list[PRMGroup]:
 def prm_runs(config: ml_collections.ConfigDict) -> list[Run]:
     """Runs of `config.conditions` (see `prm_groups`), one per process reward model.
 
-    Each PRM kind is a run `prm_<kind>[_<eps>]` whose config sets `train.prm` (and
-    `train.prm_noise`). Labels are the condition names as given.
+    Each PRM kind is a run `prm_<kind>[_<eps>]` whose config sets `prm.kind` (and
+    `prm.noise`). Labels are the condition names as given.
     """
-    runs = []
-    for group in prm_groups(config.conditions):
-        run_config = ml_collections.ConfigDict(config.to_dict())
-        run_config.train.update(group.train_fields())
-        runs.append(Run(group.name, group.labels, run_config))
-    return runs
+    return [
+        Run(group.name, group.labels, group.with_prm(config))
+        for group in prm_groups(config.conditions)
+    ]
 
 
 def run_and_report(
@@ -180,6 +208,7 @@ def run_and_report(
         try:
             run_rows = loop.run(
                 setup.train_config, setup.env, setup.policy_config, setup.rollout_config,
+                prm=setup.prm_config, probe=setup.probe_config, evaluation=setup.eval_config,
                 seeds=seeds, conditions=conditions, workdir=os.path.join(workdir, run.name),
                 chunk_size=config.chunk_size, resume=resume, overwrite=overwrite, mesh=mesh,
                 progress=progress, initial_params=initial_params,
@@ -381,7 +410,8 @@ def lm_setup(config) -> LMSetup:
 def checkpoint(env: ToolWorld, setup: LMSetup, config, num_updates: int):
     """Parameters after `num_updates` PPO updates on `env` (0: the initial policy).
 
-    `config.ppo` holds the TrainConfig fields of the run, `config.first_seed` its seed.
+    `config.ppo` holds the TrainConfig fields of the run (no PRM, no probe),
+    `config.first_seed` its seed.
     """
     train_config = TrainConfig.from_mapping({**config.ppo, "num_updates": max(num_updates, 1)})
     trainer = make_train(

@@ -57,6 +57,7 @@ from rlagent.host.workdir import prepare_workdir
 from rlagent.host.workdir import refuse_resume
 from rlagent.host.writers import MetricWriter
 from rlagent.rollout import make_rollout
+from rlagent.train.config import LEARNED_REWARDS
 from rlagent.train.config import TrainConfig
 from rlagent.train.rewards import reward_weights
 from rlagent.train.rewards import turn_rewards
@@ -88,6 +89,9 @@ def run(
         for spec in names(config.estimators, "estimators", "estimator")
     }
     rewards = names(config.rewards, "rewards", "reward form")
+    learned = [r for r in rewards if r in LEARNED_REWARDS]
+    if learned:  # no PRM scores the Monte-Carlo episodes: their learned components are 0
+        raise ValueError(f"config.rewards: {learned} read a process reward model's scores.")
     horizons, policies = _check_config(config, base, rewards)  # before anything is written
     prepare_workdir(workdir, overwrite=overwrite, resumable=False)
     weights = jnp.stack([reward_weights(base, r) for r in rewards])

@@ -45,7 +45,6 @@ from rlagent.envs.toolworld import ToolWorld
 from rlagent.envs.toolworld import horizon_config
 from rlagent.host import loop
 from rlagent.host import provenance
-from rlagent.host.extras import trainer_extras
 from rlagent.host.writers import MetricWriter
 from rlagent.pipeline.warm_start import WarmStartConfig
 from rlagent.pipeline.warm_start import make_warm_start
@@ -396,12 +395,9 @@ def _warm_start(config, first_run: Run, horizons: Sequence[int], start: float):
     setup = common.build(first_run.config)
     demos = [ToolWorld(horizon_config(h)) for h in horizons]
     trainer = make_train(
-        setup.train_config,
-        setup.env,
-        setup.policy_config,
-        setup.rollout_config,
-        **trainer_extras(setup.train_config, setup.env, setup.rollout_config),
-    )
+        setup.train_config, setup.env, setup.policy_config, setup.rollout_config,
+        **setup.extras(),
+    )  # fmt: skip
     clone = make_warm_start(warm, demos, trainer.graphdef, setup.rollout_config)
     keys = jax.numpy.stack(
         [jax.random.PRNGKey(s) for s in range(config.first_seed, config.first_seed + config.seeds)]
@@ -436,12 +432,12 @@ def _run(
 ) -> Run:
     """The run of `labels` (conditions of PRM `group`) with estimator `spec` at `env`;
     labels become `<condition>/<spec>`, the run's folder `<spec>[_<group.name>]`. Runs
-    with a PRM do not measure credit accuracy (`TrainConfig.credit_every` = 0)."""
-    run_config = ml_collections.ConfigDict(config.to_dict())
+    with a PRM do not measure credit accuracy (`probe.every` = 0)."""
+    run_config = group.with_prm(config)
     run_config.env = ml_collections.ConfigDict(dict(env))
-    run_config.train.update({**group.train_fields(), **(train_fields or {})})
-    if group.kind != "none":  # the credit probe does not score a PRM's rewards
-        run_config.train.credit_every = 0
+    run_config.train.update(dict(train_fields or {}))
+    if group.kind != "none" and "probe" in run_config:  # the probe scores no PRM's rewards
+        run_config.probe.every = 0
     run_config.conditions = ",".join(labels)
     name = spec.replace("@", "_lam") + ("" if group.kind == "none" else f"_{group.name}")
     return Run(name, tuple(f"{label}/{spec}" for label in labels), run_config)

@@ -18,7 +18,7 @@ after the step, `mc_values(q_only=True)`; progress labels those before it too).
 Completers (the names of `config.completers`):
   policy              the behaviour policy itself (what the learned PRM of training uses);
   policy+oracle_<eps> the behaviour policy, each continuation replaced by the oracle's with
-                      probability eps (the prover of `TrainConfig.prm_prover_epsilon`);
+                      probability eps (the prover of `PRMConfig.prover_epsilon`);
   random, prover_<eps>, oracle
                       environment-level policies of `common.env_policy`
                       (uniform over the grammar; per turn the oracle with probability eps).

@@ -1,21 +1,24 @@
-"""Credit accuracy measured during training (`TrainConfig.credit_every`).
+"""Credit accuracy measured during training (`ProbeConfig`).
 
-Every `credit_every` updates, the trainer forks the first `credit_episodes` episodes of
-its batch at every played turn, continues them `credit_samples` times with the current
+Every `ProbeConfig.every` updates, the trainer forks the first `episodes` episodes of
+its batch at every played turn, continues them `samples` times with the current
 policy (`rlagent.credit.lm`), and scores the configured estimator's credit on them (the
 advantages the update trains on, aggregated to turns as the loss weighs them) against the
 Monte-Carlo advantages under the run's reward form. Other updates log NaN (`skipped`).
 Off (0) by default; when off nothing of this is built or traced.
 
 Which updates measure is decided outside the compiled update (`Trainer.update(state,
-measure_credit=True)`, a static flag; `ppo.scan_updates` and the host loop call it on
-steps divisible by `credit_every`): a `lax.cond` on the step would be batched under the
+measure_credit=True)`, a static flag; `ppo._scan_updates` and the host loop call it on
+steps divisible by `CreditProbe.every`): a `lax.cond` on the step would be batched under the
 vmap over runs and then runs both branches, i.e. the Monte-Carlo cost on every update.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -29,23 +32,56 @@ from rlagent.envs.base import verdict_of
 from rlagent.rollout import RolloutConfig
 from rlagent.rollout import make_rollout
 from rlagent.train.config import TrainConfig
+from rlagent.train.config import check_fields
 from rlagent.train.extras import CreditProbe
 
 
+@dataclasses.dataclass(frozen=True)
+class ProbeConfig:
+    """Credit accuracy in training: every `every` updates (0 = off), the configured
+    estimator's credit on the first `episodes` episodes of the batch (at most
+    `TrainConfig.batch_size`, checked by `rlagent.host.extras`) against Monte-Carlo
+    advantages from `samples` policy continuations per value."""
+
+    every: int = 0
+    episodes: int = 8
+    samples: int = 8
+
+    def __post_init__(self):
+        if int(self.every) < 0:
+            raise ValueError(f"ProbeConfig.every must be >= 0, got {self.every}.")
+        if int(self.episodes) < 1:
+            raise ValueError(f"ProbeConfig.episodes must be >= 1, got {self.episodes}.")
+        if int(self.samples) < 2:
+            raise ValueError(f"ProbeConfig.samples must be >= 2, got {self.samples}.")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> ProbeConfig:
+        """Builds a config from a dict / ConfigDict, rejecting unknown field names."""
+        check_fields(cls, values)
+        return cls(**dict(values))
+
+
 def probe_factory(
-    env: Environment, rollout_config: RolloutConfig, config: TrainConfig
-) -> Callable[[nnx.GraphDef], CreditProbe]:
-    """`make_train(credit_probe=)` for `config.credit_every > 0` (None when it is 0)."""
-    if not config.credit_every:
+    env: Environment, rollout_config: RolloutConfig, config: TrainConfig, probe: ProbeConfig
+) -> Callable[[nnx.GraphDef], CreditProbe] | None:
+    """`make_train(credit_probe=)` for `probe.every > 0` (None when it is 0); `config`
+    gives the reward's settings (`gamma`, `prm_temperature`) and `agg`."""
+    if not probe.every:
         return None
-    return lambda graphdef: make_credit_probe(env, graphdef, rollout_config, config)
+    return lambda graphdef: make_credit_probe(env, graphdef, rollout_config, config, probe)
 
 
 def make_credit_probe(
-    env: Environment, graphdef: nnx.GraphDef, rollout_config: RolloutConfig, config: TrainConfig
+    env: Environment,
+    graphdef: nnx.GraphDef,
+    rollout_config: RolloutConfig,
+    config: TrainConfig,
+    probe: ProbeConfig,
 ) -> CreditProbe:
-    """The rollout that keeps its carries, and the periodic credit measurement."""
-    episodes = config.credit_episodes
+    """The rollout that keeps its carries, and the credit measurement every `probe.every`
+    updates."""
+    episodes = probe.episodes
 
     def measure(params, carries, trajectory, advantages, reward_weights, key):
         first = lambda x: x[:episodes]  # noqa: E731
@@ -57,7 +93,7 @@ def make_credit_probe(
             forks,
             prefix,
             key,
-            num_samples=config.credit_samples,
+            num_samples=probe.samples,
             reward_weights=reward_weights,
             config=config,
         )
@@ -79,6 +115,7 @@ def make_credit_probe(
         rollout=make_rollout(env, graphdef, rollout_config, with_carries=True),
         measure=measure,
         skipped=skipped,
+        every=probe.every,
     )
 
 

@@ -9,7 +9,8 @@ equals an uninterrupted one).
 What a run folder guarantees:
 - A new run refuses a folder that holds anything unless `overwrite=True` (which empties
   it first) or `resume=True` (`rlagent.host.workdir`, shared with every study).
-- `provenance.json` stores the resolved config; `resume=True` refuses a different one
+- `provenance.json` stores the resolved config (the typed configs: train, env, model,
+  rollout, prm, probe, eval; seeds and conditions); `resume=True` refuses a different one
   with a one-line diff. Only `RESUMABLE_FIELDS` may change (`train.num_updates` only with
   a constant learning rate, since decaying schedules span `num_updates`); the arguments
   `chunk_size`, `stop_after`, `progress`, `tensorboard` and `mesh` are not part of it.
@@ -36,6 +37,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from tqdm.auto import tqdm
 
+from rlagent.credit.probe import ProbeConfig
 from rlagent.host import provenance
 from rlagent.host.extras import trainer_extras
 from rlagent.host.workdir import RESUMABLE_FIELDS
@@ -43,8 +45,12 @@ from rlagent.host.workdir import RunError
 from rlagent.host.workdir import prepare_workdir
 from rlagent.host.workdir import resumable_fields
 from rlagent.host.writers import MetricWriter
-from rlagent.train import evaluation
+from rlagent.prm.config import PRMConfig
+from rlagent.train.config import LEARNED_REWARDS
 from rlagent.train.config import TrainConfig
+from rlagent.train.evaluation import EVAL_METRICS
+from rlagent.train.evaluation import EvalConfig
+from rlagent.train.evaluation import make_evaluate
 from rlagent.train.ppo import NONFINITE_METRICS
 from rlagent.train.ppo import RunnerState
 from rlagent.train.ppo import Trainer
@@ -71,6 +77,9 @@ def run(
     *,
     seeds: Sequence[int],
     workdir: str,
+    prm: PRMConfig = PRMConfig(),
+    probe: ProbeConfig = ProbeConfig(),
+    evaluation: EvalConfig = EvalConfig(),
     conditions: Sequence[str] | None = None,
     chunk_size: int = 10,
     resume: bool = False,
@@ -90,26 +99,26 @@ def run(
     state, so all runs share one compiled program. Each row is one (update, condition,
     seed): the metrics of `rlagent.train.ppo` plus `update` (1-based), `condition`,
     `seed`, `env_turns_total` (turns of experience so far in that run) and
-    `turns_per_sec` (the chunk's throughput over all runs). With `config.eval_every`, rows
-    also carry the held-out evaluation metrics (`rlagent.train.evaluation`), NaN on the
-    updates that were not evaluated; chunks then end at every evaluation. `stop_after`
-    ends this call after that many updates in total (a checkpoint is written;
-    `resume=True` continues).
-    `initial_params` (parameters with a leading `[len(seeds)]` axis, e.g. from
-    `rlagent.pipeline.warm_start`) replace each seed's fresh initial policy and KL reference,
-    alike for every condition; `initial_params_config` (how they were made) joins the
-    resolved config, so that `resume` refuses a different one.
-    See the module docstring for `resume` / `overwrite` and the errors raised
-    (`RunError`, `Diverged`).
+    `turns_per_sec` (the chunk's throughput over all runs). The extras' configs, off by
+    default and part of the resolved config: `prm` (the PRM the `learned_*` conditions
+    read), `probe` (credit accuracy every `probe.every` updates), `evaluation` (rows also
+    carry held-out evaluation metrics, NaN on updates not evaluated; chunks end at every
+    evaluation). `stop_after` ends this call after that many updates in total (a
+    checkpoint is written; `resume=True` continues). `initial_params` (parameters with a
+    leading `[len(seeds)]` axis, e.g. from `rlagent.pipeline.warm_start`) replace each
+    seed's fresh initial policy and KL reference, alike for every condition;
+    `initial_params_config` (how they were made) joins the resolved config, so that
+    `resume` refuses a different one. See the module docstring for `resume` / `overwrite`
+    and the errors raised (`RunError`, `Diverged`).
     """
     conditions = list(conditions) if conditions else [config.reward]
-    _check_arguments(config, env, rollout_config, chunk_size, seeds, conditions)
-    if resume and overwrite:
-        raise ValueError("resume=True and overwrite=True exclude each other.")
+    _check_arguments(config, env, rollout_config, seeds, conditions, prm=prm, probe=probe,
+                     chunk_size=chunk_size, resume=resume, overwrite=overwrite)  # fmt: skip
     runs = [(condition, int(seed)) for condition in conditions for seed in seeds]
     resolved = provenance.resolved(
         train=config, env=getattr(env, "config", repr(env)), model=policy_config,
-        rollout=rollout_config, seeds=[int(seed) for seed in seeds], conditions=conditions,
+        rollout=rollout_config, prm=prm, probe=probe, eval=evaluation,
+        seeds=[int(seed) for seed in seeds], conditions=conditions,
         **({} if initial_params is None else {"initial_params": initial_params_config}),
     )  # fmt: skip
     may_change, note = resumable_fields(config.lr_schedule)
@@ -119,24 +128,17 @@ def run(
     )  # fmt: skip
     record = provenance.collect(resolved, chunk_size=chunk_size)
     provenance.write(workdir, record)
-    trainer = _trainer(config, env, policy_config, rollout_config, mesh)
+    trainer = _trainer(config, env, policy_config, rollout_config, mesh, prm=prm, probe=probe)
     state = _initial_state(trainer, config, runs, seeds, initial_params)
     writer, manager = MetricWriter(workdir, tensorboard=tensorboard), None
     try:
         manager = _checkpoint_manager(workdir) if checkpoint else None
-        done = 0
-        if resume and manager is not None:
-            done, state = _restore(manager, state, reach=_metrics_reach(writer.read(), runs))
-        rows = writer.truncate(done) if done else []
-        if not done:
-            writer.clear()
-        evaluate = None
-        if config.eval_every:
-            evaluate = _evaluator(trainer, env, rollout_config, config.eval_episodes)
+        done, state, rows = _resume(manager, writer, state, runs, resume=resume)
+        evaluate = _evaluator(trainer, env, rollout_config, evaluation)
         rows = _train(
             trainer, evaluate, state, done=done, rows=rows, runs=runs, config=config,
             writer=writer, manager=manager, chunk_size=chunk_size, stop_after=stop_after,
-            progress=progress,
+            progress=progress, eval_every=evaluation.every, credit_every=probe.every,
         )  # fmt: skip
         provenance.write(workdir, provenance.finish(record))  # the checkout at the end
         return rows
@@ -146,16 +148,37 @@ def run(
             manager.close()
 
 
-def _check_arguments(config, env, rollout_config, chunk_size, seeds, conditions) -> None:
+def _resume(manager, writer, state, runs, *, resume: bool):
+    """`(updates done, state, rows kept)`: the newest checkpoint the metrics reach when
+    resuming (metric rows past it dropped), else a fresh start with an empty metrics.csv."""
+    done = 0
+    if resume and manager is not None:
+        done, state = _restore(manager, state, reach=_metrics_reach(writer.read(), runs))
+    rows = writer.truncate(done) if done else []
+    if not done:
+        writer.clear()
+    return done, state, rows
+
+
+def _check_arguments(
+    config, env, rollout_config, seeds, conditions, *, prm, probe, chunk_size, resume, overwrite
+) -> None:
     """Refuses bad arguments before anything is written (a reward form the env cannot
-    pay, an unknown PRM kind)."""
+    pay or without the PRM it reads, extras' configs that do not fit the run)."""
+    if resume and overwrite:
+        raise ValueError("resume=True and overwrite=True exclude each other.")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
     if not seeds:
         raise ValueError("seeds must name at least one seed.")
     for condition in conditions:
         check_reward(env, reward_weights(config, condition), f"condition {condition!r}")
-    trainer_extras(config, env, rollout_config)
+        if condition in LEARNED_REWARDS and prm.kind == "none":
+            raise ValueError(
+                f"condition {condition!r} reads a process reward model's scores: "
+                "PRMConfig.kind must name one, got 'none'."
+            )
+    trainer_extras(config, env, rollout_config, prm=prm, probe=probe)
 
 
 def _initial_state(trainer, config, runs, seeds, initial_params) -> RunnerState:
@@ -186,6 +209,8 @@ def _train(
     chunk_size,
     stop_after,
     progress,
+    eval_every,
+    credit_every,
 ) -> list[dict[str, Any]]:
     totals = dict.fromkeys(runs, 0.0)
     for row in rows:
@@ -197,10 +222,8 @@ def _train(
         while done < last:
             length = min(chunk_size, last - done)
             if evaluate is not None:  # end the chunk at the next evaluation
-                length = min(length, config.eval_every - done % config.eval_every)
-            chunk = _chunk(
-                trainer, length, done % config.credit_every if config.credit_every else 0
-            )
+                length = min(length, eval_every - done % eval_every)
+            chunk = _chunk(trainer, length, done % credit_every if credit_every else 0)
             start = time.perf_counter()
             state, metrics = chunk(state)
             metrics = jax.device_get(metrics)  # [runs, length] per metric; waits for the device.
@@ -218,7 +241,7 @@ def _train(
                     new_rows.append(row)
             if evaluate is not None:
                 evaluated = diverged is None and (
-                    (done + length) % config.eval_every == 0 or done + length == config.num_updates
+                    (done + length) % eval_every == 0 or done + length == config.num_updates
                 )
                 _add_evaluation(new_rows, runs, evaluate(state.params) if evaluated else None)
             writer.write(new_rows)
@@ -334,10 +357,12 @@ def clear_compiled() -> None:
 
 
 @functools.lru_cache(maxsize=16)
-def _trainer(config, env, policy_config, rollout_config, mesh) -> Trainer:
+def _trainer(
+    config, env, policy_config, rollout_config, mesh, *, prm=PRMConfig(), probe=ProbeConfig()
+) -> Trainer:
     # Cached so that repeated runs of one setup (resume, several calls in a notebook or a
     # test) reuse the compiled chunks below instead of tracing a new closure.
-    extras = trainer_extras(config, env, rollout_config)
+    extras = trainer_extras(config, env, rollout_config, prm=prm, probe=probe)
     return make_train(config, env, policy_config, rollout_config, mesh=mesh, **extras)
 
 
@@ -347,7 +372,7 @@ def _add_evaluation(new_rows, runs, metrics) -> None:
     Every row gets every evaluation column (NaN where not evaluated), so that the CSV keeps
     one set of keys.
     """
-    names = [f"eval_{p}_{m}" for p in ("sampled", "greedy") for m in evaluation.EVAL_METRICS]
+    names = [f"eval_{p}_{m}" for p in ("sampled", "greedy") for m in EVAL_METRICS]
     last_update = max(row["update"] for row in new_rows)
     values = None if metrics is None else jax.device_get(metrics)
     for row in new_rows:
@@ -358,10 +383,13 @@ def _add_evaluation(new_rows, runs, metrics) -> None:
 
 
 @functools.lru_cache(maxsize=16)
-def _evaluator(trainer: Trainer, env, rollout_config, num_episodes: int):
-    """`jit(vmap(evaluate))` over the runs' parameters (`rlagent.train.evaluation`)."""
-    evaluate = evaluation.make_evaluate(
-        env, trainer.graphdef, rollout_config, num_episodes=num_episodes
+def _evaluator(trainer: Trainer, env, rollout_config, evaluation: EvalConfig):
+    """`jit(vmap(evaluate))` over the runs' parameters (`rlagent.train.evaluation`), None
+    when `evaluation.every` is 0."""
+    if not evaluation.every:
+        return None
+    evaluate = make_evaluate(
+        env, trainer.graphdef, rollout_config, num_episodes=evaluation.episodes
     )
     return jax.jit(jax.vmap(evaluate))
 
@@ -374,7 +402,7 @@ def _init(trainer: Trainer):
 @functools.lru_cache(maxsize=32)
 def _chunk(trainer: Trainer, length: int, phase: int = 0):
     """`jit(vmap(scan(update)))`: `length` updates of every run in one device call, from a
-    step whose remainder modulo `credit_every` is `phase` (which updates probe credit)."""
+    step whose remainder modulo the probe's `every` is `phase` (which updates probe credit)."""
 
     def chunk(state: RunnerState):
         return trainer.updates(state, length, first_step=phase)

@@ -3,11 +3,12 @@
 A PRM scores every played turn with `p_s`, its probability that turn s is a good step.
 The trainer turns the scores into rewards with `rlagent.returns.prm_rewards` (the
 `learned_*` reward forms of `rlagent.train.rewards`) and, between updates, lets the PRM
-learn from the batch it just played (`update`). Kinds (`TrainConfig.prm`):
+learn from the batch it just played (`update`). Kinds (`PRMConfig.kind`,
+`rlagent.prm.config`):
 
   none:          no PRM (the oracle-verdict and outcome reward forms).
   noisy_oracle:  the oracle verdict as a binary label (verdict > 0), each flipped with
-                 probability `TrainConfig.prm_noise`: a PRM of known accuracy.
+                 probability `PRMConfig.noise`: a PRM of known accuracy.
   completion:    a learned scorer trained on completion labels (Math-Shepherd): the
                  fraction of N policy continuations from after the step that succeed.
   progress:      a learned scorer trained on progress labels (PAV, Setlur et al. 2024):

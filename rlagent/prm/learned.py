@@ -1,13 +1,13 @@
 """Process reward models the trainer builds: a noisy oracle and a learned scorer.
 
-`make_noisy_oracle` (`TrainConfig.prm = "noisy_oracle"`): no parameters; the score of a
+`make_noisy_oracle` (`PRMConfig.kind = "noisy_oracle"`): no parameters; the score of a
 turn the oracle judged (verdict != 0) is `1[verdict > 0]`, flipped with probability
-`prm_noise` by a fresh coin every update; a turn it judged neutral scores 1/2 (a centred
+`PRMConfig.noise` by a fresh coin every update; a turn it judged neutral scores 1/2 (a centred
 score of 0, as the oracle's own reward for it). A PRM of known accuracy, so that "how good
 must a PRM be" is a curve; at noise 0 `learned_sum` is the sign of the oracle verdict.
 
 `make_learned_prm` (`"completion"`, `"progress"`): a scorer trained online on automatic
-step labels (`rlagent.prm.labels`) of `prm_label_episodes` episodes of every batch,
+step labels (`rlagent.prm.labels`) of `PRMConfig.label_episodes` episodes of every batch,
 spread over its groups (`label_episodes`: other tasks when the count allows).
 
 The scorer is a `Policy` of the policy's own architecture with its own parameters,
@@ -25,9 +25,9 @@ with stopped gradients because
   contexts of `make_score`), so it sees no more and no less of the history.
 
 Labels: `credit.mc.mc_values` over `credit.lm.forks_from_carries` of the rollout's
-carries, `prm_label_samples` continuations per value by `credit.lm.play_policy` with the
+carries, `label_samples` continuations per value by `credit.lm.play_policy` with the
 current policy (completion: the soft label `q_success`, Math-Shepherd), or with the
-policy mixed per continuation with the oracle at `prm_prover_epsilon` (progress: the
+policy mixed per continuation with the oracle at `prover_epsilon` (progress: the
 prover's advantage `(1 + q_success - success) / 2`, PAV). The scorer trains with
 `losses.prm_loss` on those soft labels.
 
@@ -62,6 +62,7 @@ from rlagent.prm import labels
 from rlagent.prm.base import PRMInputs
 from rlagent.prm.base import PRMState
 from rlagent.prm.base import ProcessRewardModel
+from rlagent.prm.config import PRMConfig
 from rlagent.rollout import Environment
 from rlagent.rollout import RolloutConfig
 from rlagent.rollout import make_score
@@ -78,10 +79,10 @@ LABELLERS: dict[str, Callable[[mc.MCValues, jax.Array], jax.Array]] = {
 }
 
 
-def make_noisy_oracle(config: TrainConfig, env: Any = None) -> ProcessRewardModel:
-    """The oracle verdict as a binary score, each flipped with probability `prm_noise`.
+def make_noisy_oracle(prm: PRMConfig, env: Any = None) -> ProcessRewardModel:
+    """The oracle verdict as a binary score, each flipped with probability `prm.noise`.
 
-    `scores` -> `[B, S]` `1[verdict > 0] XOR Bernoulli(prm_noise)` on played turns with a
+    `scores` -> `[B, S]` `1[verdict > 0] XOR Bernoulli(noise)` on played turns with a
     non-zero verdict, 1/2 on neutral ones (verdict 0), 0 on unplayed turns; a fresh coin per
     turn and update (the key); nothing is learned, so
     `prm_loss` and `label_auroc` are NaN, `label_turns` 0 and `prm_auroc` is over every
@@ -89,10 +90,10 @@ def make_noisy_oracle(config: TrainConfig, env: Any = None) -> ProcessRewardMode
     """
     if env is not None and VERDICT not in env.signal_names:
         raise ValueError(
-            f"TrainConfig.prm='noisy_oracle' flips the oracle verdict, and environment "
+            f"PRMConfig.kind='noisy_oracle' flips the oracle verdict, and environment "
             f"{type(env).__name__} reports no {VERDICT!r} signal (it reports {env.signal_names})."
         )
-    noise = config.prm_noise
+    noise = prm.noise
 
     def init(key: jax.Array, policy_params: Any) -> PRMState:
         del key, policy_params  # nothing to learn.
@@ -121,13 +122,19 @@ def make_noisy_oracle(config: TrainConfig, env: Any = None) -> ProcessRewardMode
 
 
 def make_learned_prm(
-    config: TrainConfig, env: Environment, graphdef: nnx.GraphDef, rollout_config: RolloutConfig
+    prm: PRMConfig,
+    config: TrainConfig,
+    env: Environment,
+    graphdef: nnx.GraphDef,
+    rollout_config: RolloutConfig,
 ) -> ProcessRewardModel:
-    """The scorer of the module docstring, trained on `config.prm`'s labels.
+    """The scorer of the module docstring, trained on `prm.kind`'s labels.
 
     Args:
-      config: `prm` ("completion" or "progress"), `prm_label_episodes`,
-        `prm_label_samples`, `prm_prover_epsilon`, `prm_learning_rate`, `batch_size`.
+      prm: `kind` ("completion" or "progress"), `label_episodes`, `label_samples`,
+        `prover_epsilon`, `learning_rate`.
+      config: the run's `batch_size`, and the `gamma` / `prm_temperature` of the
+        Monte-Carlo labels' rewards.
       env, graphdef, rollout_config: those of the policy (the scorer shares its
         architecture and contexts; its continuations play as the rollout does).
     Returns:
@@ -137,17 +144,17 @@ def make_learned_prm(
       `prm_auroc` (of `inputs.scores` on the other episodes; NaN when none is left) and
       `label_auroc`.
     """
-    if config.prm not in LABELLERS:
+    if prm.kind not in LABELLERS:
         raise ValueError(
-            f"TrainConfig.prm must be one of {tuple(LABELLERS)} for a learned scorer, "
-            f"got {config.prm!r}."
+            f"PRMConfig.kind must be one of {tuple(LABELLERS)} for a learned scorer, "
+            f"got {prm.kind!r}."
         )
-    label = LABELLERS[config.prm]
-    epsilon = config.prm_prover_epsilon if config.prm == "progress" else 0.0
+    label = LABELLERS[prm.kind]
+    epsilon = prm.prover_epsilon if prm.kind == "progress" else 0.0
     score = make_score(env, graphdef, rollout_config)
-    optimizer = optax.adamw(config.prm_learning_rate)
+    optimizer = optax.adamw(prm.learning_rate)
     batch_size = config.batch_size
-    labelled = label_episodes(config)
+    labelled = label_episodes(prm, batch_size)
     held_out = np.ones(batch_size, bool)
     held_out[labelled] = False
     # Labels read success probabilities only; the returns mc_values also estimates are
@@ -188,10 +195,10 @@ def make_learned_prm(
             forks,
             prefix,
             key,
-            num_samples=config.prm_label_samples,
+            num_samples=prm.label_samples,
             reward_weights=weights,
             config=config,
-            q_only=config.prm == "completion",
+            q_only=prm.kind == "completion",
         )
         targets = label(values, prefix.turn_mask)
 
@@ -213,13 +220,19 @@ def make_learned_prm(
     return ProcessRewardModel(init=init, scores=scores, update=update, needs_carries=True)
 
 
-def label_episodes(config: TrainConfig) -> np.ndarray:
-    """`[E]` int indices of the episodes labelled each update, E = `prm_label_episodes`.
+def label_episodes(prm: PRMConfig, batch_size: int) -> np.ndarray:
+    """`[E]` int indices of the episodes labelled each update, E = `prm.label_episodes`,
+    of a batch of `batch_size` (B) episodes.
 
     Spread evenly over the batch (`i * B // E`), so that with E <= num_groups each
     labelled episode comes from another group, hence another task.
     """
-    return np.arange(config.prm_label_episodes) * config.batch_size // config.prm_label_episodes
+    if prm.label_episodes > batch_size:
+        raise ValueError(
+            f"PRMConfig.label_episodes must be at most TrainConfig.batch_size={batch_size}, "
+            f"got {prm.label_episodes}."
+        )
+    return np.arange(prm.label_episodes) * batch_size // prm.label_episodes
 
 
 def _check_batch(traj: Trajectory, batch_size: int) -> None:

@@ -3,6 +3,12 @@
 Experiments describe runs with `ml_collections` (see experiments/configs); the trainer
 takes this frozen dataclass so that kernels see typed scalars, unknown option names fail
 before anything is traced, and the config can be a static argument of `jit`.
+
+The settings of the trainer's extras belong to the packages that use them: the process
+reward model's (`rlagent.prm.config.PRMConfig`), the credit probe's
+(`rlagent.credit.probe.ProbeConfig`) and held-out evaluation's
+(`rlagent.train.evaluation.EvalConfig`); checks across configs are made where they meet
+(`make_train`, `rlagent.host.extras.trainer_extras`, `rlagent.host.loop.run`).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ REWARDS = (
     "prm_sum",  # outcome + verdict (prm_rewards form "sum"): process with its outcome term.
     "prm_min",  # outcome + prm_rewards(verdict, form="min").
     "potential",  # outcome + shaping, Phi = 0.5 x valid plan steps taken (rewards.py).
-    # A learned PRM's scores p_s (TrainConfig.prm != "none", rlagent.prm) added to the outcome:
+    # A PRM's scores p_s (a PRMConfig.kind other than "none", rlagent.prm) added to the outcome:
     "learned_sum",  # outcome + (2 p - 1).
     "learned_min",  # outcome + prm_rewards(2 p - 1, form="min").
     "learned_potential",  # outcome + shaping, Phi = 0.5 x sum of the scores of past turns.
@@ -81,31 +87,6 @@ class TrainConfig:
     warmup_updates: int = 0
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
-    # Credit accuracy in training (rlagent.credit.probe): every k updates (0 = off), the
-    # configured estimator's credit on the first `credit_episodes` episodes of the batch
-    # against Monte-Carlo advantages from `credit_samples` policy continuations per value.
-    credit_every: int = 0
-    credit_episodes: int = 8
-    credit_samples: int = 8
-    # Held-out evaluation (rlagent.train.evaluation), run by the host loop between chunks:
-    # every `eval_every` updates and after the last one (0 = off), `eval_episodes`
-    # episodes on fixed held-out environment keys, sampled and greedy.
-    eval_every: int = 0
-    eval_episodes: int = 64
-    # Process reward model (rlagent.prm) whose scores the learned_* reward forms read:
-    # one of rlagent.prm.PRMS ("none": none is built or traced).
-    prm: str = "none"
-    prm_noise: float = 0.0  # noisy_oracle: probability that a verdict label is flipped.
-    # completion / progress: episodes of each batch labelled by Monte-Carlo continuations
-    # (the scorer trains on them; prm_auroc is measured on the others) and continuations
-    # per label.
-    prm_label_episodes: int = 8
-    prm_label_samples: int = 4
-    # progress: the prover is the current policy, replaced per continuation by the oracle
-    # with this probability (credit.lm.play_policy(oracle_epsilon=)).
-    prm_prover_epsilon: float = 0.5
-    prm_learning_rate: float = 1e-3  # AdamW step size of a learned scorer / implicit model.
-    prm_beta: float = 0.05  # implicit: beta of the token rewards beta (log pi_phi - log pi_ref).
 
     def __post_init__(self):
         _check_choice("reward", self.reward, REWARDS)
@@ -132,58 +113,8 @@ class TrainConfig:
             raise ValueError("dialogue_weights must be (fluency, factuality, feedback).")
         if self.kl_target is not None and self.kl_placement == "none":
             raise ValueError("kl_target (adaptive KL) needs kl_placement 'reward' or 'loss'.")
-        if self.credit_every < 0:
-            raise ValueError(f"TrainConfig.credit_every must be >= 0, got {self.credit_every}.")
-        if self.credit_every and not 1 <= self.credit_episodes <= self.batch_size:
-            raise ValueError(
-                f"TrainConfig.credit_episodes must be in [1, batch_size={self.batch_size}], "
-                f"got {self.credit_episodes}."
-            )
-        if self.credit_every and self.credit_samples < 2:
-            raise ValueError(f"TrainConfig.credit_samples must be >= 2, got {self.credit_samples}.")
-        if self.eval_every < 0:
-            raise ValueError(f"TrainConfig.eval_every must be >= 0, got {self.eval_every}.")
-        if self.eval_episodes < 1:
-            raise ValueError(f"TrainConfig.eval_episodes must be >= 1, got {self.eval_episodes}.")
         if self.learning_rate <= 0 or self.clip_low <= 0 or self.clip_high <= 0:
             raise ValueError("learning_rate, clip_low and clip_high must be positive.")
-        self._check_prm()
-
-    def _check_prm(self) -> None:
-        # The kind's name is checked by rlagent.prm, which owns the PRMs (prm_factory).
-        if not self.prm:
-            raise ValueError("TrainConfig.prm must name a process reward model or 'none'.")
-        if self.reward in LEARNED_REWARDS and self.prm == "none":
-            raise ValueError(
-                f"TrainConfig.prm must name a process reward model for reward={self.reward!r}, "
-                f"got prm='none'."
-            )
-        # Monte-Carlo credit targets cannot score continuations with a PRM.
-        if self.prm != "none" and self.credit_every:
-            raise ValueError(
-                f"TrainConfig.credit_every must be 0 with prm={self.prm!r}: Monte-Carlo "
-                f"credit targets see no PRM scores (got credit_every={self.credit_every})."
-            )
-        if not 0.0 <= self.prm_noise <= 0.5:
-            raise ValueError(f"TrainConfig.prm_noise must be in [0, 0.5], got {self.prm_noise}.")
-        if self.prm in ("completion", "progress") and not (
-            1 <= self.prm_label_episodes <= self.batch_size
-        ):
-            raise ValueError(
-                f"TrainConfig.prm_label_episodes must be in [1, batch_size={self.batch_size}], "
-                f"got {self.prm_label_episodes}."
-            )
-        if self.prm_label_samples < 1:
-            raise ValueError(
-                f"TrainConfig.prm_label_samples must be >= 1, got {self.prm_label_samples}."
-            )
-        if not 0.0 <= self.prm_prover_epsilon <= 1.0:
-            raise ValueError(
-                f"TrainConfig.prm_prover_epsilon must be in [0, 1], got {self.prm_prover_epsilon}."
-            )
-        for name in ("prm_learning_rate", "prm_beta"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)}.")
 
     @property
     def batch_size(self) -> int:
@@ -197,15 +128,20 @@ class TrainConfig:
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> TrainConfig:
         """Builds a config from a dict / ConfigDict, rejecting unknown field names."""
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - fields)
-        if unknown:
-            raise ValueError(f"Unknown TrainConfig fields {unknown}; known: {sorted(fields)}.")
+        check_fields(cls, values)
         kwargs = dict(values)
         for name in ("reward_weights", "dialogue_weights"):
             if name in kwargs:
                 kwargs[name] = tuple(float(w) for w in kwargs[name])
         return cls(**kwargs)
+
+
+def check_fields(cls: type, values: Mapping[str, Any]) -> None:
+    """Refuses names in `values` that are no field of dataclass `cls` (`from_mapping`)."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ValueError(f"Unknown {cls.__name__} fields {unknown}; known: {sorted(fields)}.")
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

@@ -9,14 +9,15 @@ ToolWorld's task space is finite, so a held-out task can coincide with a trainin
 chance; the keys, not the tasks, are held out.
 
 The host loop calls the jitted, run-vmapped `evaluate(params)` between chunks of updates,
-every `eval_every` updates and after the last one, so training never pays for it inside
-the compiled update.
+every `EvalConfig.every` updates and after the last one, so training never pays for it
+inside the compiled update (`rlagent.host.loop.run(evaluation=EvalConfig(...))`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -25,6 +26,7 @@ from flax import nnx
 
 from rlagent.rollout import RolloutConfig
 from rlagent.rollout import make_rollout
+from rlagent.train.config import check_fields
 from rlagent.train.ppo import episode_metrics
 
 # Root of the evaluation keys: a stream no training run draws from (training keys are
@@ -32,6 +34,28 @@ from rlagent.train.ppo import episode_metrics
 EVAL_STREAM = 0x5EED_E7A1
 # Metrics of `episode_metrics` reported for evaluation episodes.
 EVAL_METRICS = ("success", "turns", "violation_rate", "turns_over_plan", "collapse_rate")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """Held-out evaluation by the host loop between chunks of updates: every `every`
+    updates and after the last one (0 = off), `episodes` episodes on fixed held-out
+    environment keys, sampled and greedy."""
+
+    every: int = 0
+    episodes: int = 64
+
+    def __post_init__(self):
+        if int(self.every) < 0:
+            raise ValueError(f"EvalConfig.every must be >= 0, got {self.every}.")
+        if int(self.episodes) < 1:
+            raise ValueError(f"EvalConfig.episodes must be >= 1, got {self.episodes}.")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> EvalConfig:
+        """Builds a config from a dict / ConfigDict, rejecting unknown field names."""
+        check_fields(cls, values)
+        return cls(**dict(values))
 
 
 def eval_keys(num_episodes: int, seed: int = 0) -> tuple[jax.Array, jax.Array]:

@@ -63,6 +63,7 @@ class CreditProbe(NamedTuple):
     # measure(params, carries, trajectory, advantages [B,S,L], reward_weights [C], key)
     measure: Callable[..., dict[str, jax.Array]]
     skipped: Callable[[], dict[str, jax.Array]]  # the same metrics, NaN (updates not measured)
+    every: int  # >= 1: the updates at steps divisible by it measure (ProbeConfig.every).
 
 
 # Factories of the extras, called by `make_train` with the policy's graph definition.

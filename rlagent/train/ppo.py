@@ -32,8 +32,10 @@ from rlagent.rollout import TokenScores
 from rlagent.rollout import make_rollout
 from rlagent.rollout import make_score
 from rlagent.rollout import make_score_sum
+from rlagent.train.config import LEARNED_REWARDS
 from rlagent.train.config import TrainConfig
 from rlagent.train.estimators import estimate_advantages
+from rlagent.train.extras import CreditProbe
 from rlagent.train.extras import PRMFactory
 from rlagent.train.extras import PRMInputs
 from rlagent.train.extras import PRMState
@@ -51,6 +53,7 @@ Metrics = dict[str, jax.Array]
 # Fractions of an update's minibatch steps whose loss / gradients were not finite; such a
 # step leaves parameters and optimiser state unchanged (the host loop stops the run).
 NONFINITE_METRICS = ("nonfinite_loss", "nonfinite_grads")
+_NO_PROBE = "measure_credit needs make_train(credit_probe=) of a ProbeConfig with every > 0."
 
 
 class RunnerState(NamedTuple):
@@ -62,7 +65,7 @@ class RunnerState(NamedTuple):
     kl_coef: jax.Array  # [] float32, adaptive when config.kl_target is set.
     reward_weights: jax.Array  # [C] float32 weights of rewards.COMPONENTS (the reward form).
     return_stats: ReturnStats  # episode-return statistics (config.normalize_returns).
-    prm_state: PRMState  # the process reward model's (config.prm); empty when "none".
+    prm_state: PRMState  # the process reward model's (make_train(prm=)); empty without one.
     key: jax.Array  # PRNG key.
     step: jax.Array  # [] int32, updates done.
 
@@ -70,10 +73,10 @@ class RunnerState(NamedTuple):
 class Trainer(NamedTuple):
     init: Callable[..., RunnerState]  # init(key, reward_weights=None)
     # update(state, measure_credit=False): one iteration; the static flag runs the credit
-    # probe (config.credit_every; otherwise its metrics are NaN).
+    # probe (make_train(credit_probe=); otherwise its metrics are NaN).
     update: Callable[..., tuple[RunnerState, Metrics]]
     # updates(state, length, first_step=0): `length` updates under lax.scan, measuring
-    # credit on the steps divisible by config.credit_every (`first_step`: static, the step
+    # credit on the steps divisible by the probe's `every` (`first_step`: static, the step
     # of state). Metrics [length] per name.
     updates: Callable[..., tuple[RunnerState, Metrics]]
     train: Callable[[jax.Array], tuple[RunnerState, Metrics]]
@@ -101,24 +104,26 @@ def make_train(
 ) -> Trainer:
     """Builds the pure PPO training functions for `env` and a `Policy(policy_config)`.
 
-    The extras are passed in, built by their own packages as factories of the policy's
-    graph definition: `prm` (`config.prm != "none"`: its scores feed the `learned_*`
-    reward forms; `rlagent.prm.prm_factory`) and `credit_probe` (`config.credit_every >
-    0`; `rlagent.credit.probe.probe_factory`). A config that asks for one without it, or
-    an extra the config does not ask for, is refused.
+    The extras are passed in, built by their own packages from their own configs as
+    factories of the policy's graph definition: `prm` (its scores feed the `learned_*`
+    reward forms; `rlagent.prm.prm_factory` of a `PRMConfig`) and `credit_probe` (credit
+    accuracy every `CreditProbe.every` updates; `rlagent.credit.probe.probe_factory` of a
+    `ProbeConfig`); `rlagent.host.extras.trainer_extras` builds both. A `learned_*`
+    `config.reward` without a PRM is refused.
 
     Longer than most functions here on purpose: `init`, `update` and `train` are closures
     over the same rollout, score and optimiser, and `update` reads top-down as one PPO
     iteration (rollout, rewards, KL, advantages, optimisation, metrics); the loss and the
     minibatch loop live in `_ppo_loss` and `_optimise`.
     """
-    _check_extras(config, prm, credit_probe)
+    _check_extras(config, prm)
     graphdef = policy_graphdef(policy_config)
     rollout = make_rollout(env, graphdef, rollout_config)
     score = make_score(env, graphdef, rollout_config)
     score_sum = make_score_sum(env, graphdef, rollout_config, _token_loss(config))
     probe = None if credit_probe is None else credit_probe(graphdef)
     prm = None if prm is None else prm(graphdef)
+    credit_every = 0 if probe is None else _probe_period(probe)
     # One rollout that keeps its carries serves the credit probe and the PRM's labels.
     if probe is not None:
         carry_rollout = probe.rollout
@@ -157,7 +162,7 @@ def make_train(
 
     def update(state: RunnerState, measure_credit: bool = False) -> tuple[RunnerState, Metrics]:
         if measure_credit and probe is None:
-            raise ValueError("measure_credit needs TrainConfig.credit_every > 0.")
+            raise ValueError(_NO_PROBE)
         key, env_key, policy_key, shuffle_key = jax.random.split(state.key, 4)
         # Episodes of a group share the environment key, hence the task.
         env_keys = jnp.repeat(jax.random.split(env_key, config.num_groups), config.group_size, 0)
@@ -236,7 +241,7 @@ def make_train(
         return new_state, metrics
 
     def updates(state: RunnerState, length: int, first_step: int = 0):
-        return _scan_updates(update, state, length, first_step, config.credit_every)
+        return _scan_updates(update, state, length, first_step, credit_every)
 
     def train(key: jax.Array) -> tuple[RunnerState, Metrics]:
         return updates(init(key), config.num_updates)
@@ -253,18 +258,24 @@ def policy_graphdef(policy_config: PolicyConfig) -> nnx.GraphDef:
     return graphdef
 
 
-def _check_extras(config: TrainConfig, prm: Any, credit_probe: Any) -> None:
-    """The extras passed match what the config asks for (the trainer builds none)."""
-    if (config.prm != "none") != (prm is not None):
+def _check_extras(config: TrainConfig, prm: PRMFactory | None) -> None:
+    """The extras passed serve the config: a `learned_*` reward reads a PRM's scores.
+
+    Only the config's own reward form can be checked here (the forms of `init`'s
+    `reward_weights` are data; `rlagent.host.loop.run` checks its conditions)."""
+    if config.reward in LEARNED_REWARDS and prm is None:
         raise ValueError(
-            f"TrainConfig.prm={config.prm!r} needs make_train(prm=) to be "
-            + ("a PRM factory (rlagent.prm.prm_factory)" if prm is None else "None")
+            f"TrainConfig.reward={config.reward!r} reads a process reward model's scores: "
+            "make_train(prm=) must be a PRM factory (rlagent.prm.prm_factory of a PRMConfig "
+            "whose kind is not 'none'), got None."
         )
-    if bool(config.credit_every) != (credit_probe is not None):
-        raise ValueError(
-            f"TrainConfig.credit_every={config.credit_every} needs make_train(credit_probe=) "
-            + ("(rlagent.credit.probe.probe_factory)" if credit_probe is None else "to be None")
-        )
+
+
+def _probe_period(probe: CreditProbe) -> int:
+    """The probe's `every` (updates between credit measurements), refused unless >= 1."""
+    if int(probe.every) < 1:
+        raise ValueError(f"CreditProbe.every must be >= 1, got {probe.every}.")
+    return int(probe.every)
 
 
 def _scan_updates(update, state, length: int, first_step: int, credit_every: int):

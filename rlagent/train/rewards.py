@@ -9,10 +9,10 @@ reward form is a weighted sum of a few per-turn *components*; the weights are da
 one compiled program and train side by side under `vmap`.
 
 The `learned_*` forms read a process reward model's scores `p [B, S]` (`rlagent.prm`,
-`TrainConfig.prm`), which the trainer passes as `prm_scores`; without scores (e.g. the
+`PRMConfig.kind`), which the trainer passes as `prm_scores`; without scores (e.g. the
 Monte-Carlo continuations of `rlagent.credit.mc`, which no PRM scores) their components
-are 0, so a Monte-Carlo target never sees a learned reward (`TrainConfig` refuses
-`credit_every` with a PRM).
+are 0, so a Monte-Carlo target never sees a learned reward (`make_train` refuses a
+learned form without a PRM, `rlagent.host.extras` a PRM beside the credit probe).
 
 Reward forms differ in range (process returns span about [-5, 3], outcome [0, 1]), and
 under one learning rate and gradient clip the range changes the effective step size.
@@ -101,18 +101,14 @@ def reward_weights(config: TrainConfig, reward: str | None = None) -> np.ndarray
       learned_potential: outcome_s + gamma * Phi_{s+1} - Phi_s with
                          Phi_s = POTENTIAL_SCALE * sum_{t < s} p_t (as `potential`, with
                          the PRM's scores in place of the oracle's valid steps).
-    The learned forms need `config.prm != "none"` (refused otherwise, naming `prm`).
+    The learned forms read a PRM's scores (their components are 0 without them):
+    `make_train` and `rlagent.host.loop.run` refuse them without a PRM.
     Every form subtracts `config.violation_penalty` once per turn that breaks a guardrail
     rule, however many rules it breaks (a blocked call in penalise mode costs it once).
     """
     reward = config.reward if reward is None else reward
     if reward not in REWARDS:
         raise ValueError(f"Unknown reward {reward!r}; expected one of {REWARDS}.")
-    if reward in LEARNED_REWARDS and config.prm == "none":
-        raise ValueError(
-            f"reward {reward!r} reads a process reward model's scores: set TrainConfig.prm "
-            f"(got prm='none')."
-        )
     outcome_w, process_w, efficiency_w = config.reward_weights
     forms = {
         "outcome": {"outcome": 1.0},

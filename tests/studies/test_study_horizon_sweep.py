@@ -28,8 +28,8 @@ def _tiny_config():
     config.train.group_size = 2
     config.train.num_minibatches = 1
     config.train.num_epochs = 1
-    config.train.eval_every = 0  # two compiles fewer; summarize's held-out path is tested above
-    config.train.credit_every = 0
+    config.eval.every = 0  # two compiles fewer; summarize's held-out path is tested above
+    config.probe.every = 0
     return config
 
 
@@ -45,8 +45,9 @@ def test_default_plan_compares_rewards_everywhere_and_estimators_at_two_horizons
     )
     learned = by_horizon[3][1]
     assert learned.conditions == ("learned_potential/prm=implicit/gae_turn",)
-    assert (learned.config.train.prm, learned.config.train.credit_every) == ("implicit", 0)
-    assert by_horizon[3][0].config.train.credit_every == 30
+    assert (learned.config.prm.kind, learned.config.probe.every) == ("implicit", 0)
+    assert by_horizon[3][0].config.probe.every == 30
+    assert "prm" not in learned.config.train  # the PRM's fields are its own section's
     assert len(by_horizon[16]) == 2
     env = by_horizon[16][0].config.env
     assert env.max_turns == 16 + 2 and env.num_intents == 5 and env.num_distractors == 0
@@ -61,7 +62,7 @@ def test_default_plan_compares_rewards_everywhere_and_estimators_at_two_horizons
     ]
     assert runs[2].conditions == ("process/gae_token@0.9",)
     assert runs[2].config.train.estimator == "gae_token" and runs[2].config.train.lam == 0.9
-    assert runs[2].config.train.prm == "none"
+    assert runs[2].config.prm.kind == "none"
     accel = horizon_sweep.plan(horizon_sweep_accel.get_config())
     assert [h for h, _ in accel][-1] == 25 and all(len(runs) == 6 for _, runs in accel)
 
@@ -78,8 +79,8 @@ def test_estimators_can_compare_under_a_learned_reward():
     )
     grpo = runs[3]
     assert grpo.conditions == ("learned_min/prm=noisy_oracle@0.1/grpo",)
-    assert (grpo.config.train.prm, grpo.config.train.prm_noise) == ("noisy_oracle", 0.1)
-    assert grpo.config.train.estimator == "grpo" and grpo.config.train.credit_every == 0
+    assert (grpo.config.prm.kind, grpo.config.prm.noise) == ("noisy_oracle", 0.1)
+    assert grpo.config.train.estimator == "grpo" and grpo.config.probe.every == 0
 
 
 @pytest.mark.parametrize(

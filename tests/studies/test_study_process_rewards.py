@@ -16,6 +16,7 @@ from experiments.studies import process_rewards as prm_experiment
 from rlagent.analysis import report
 from rlagent.credit import mc
 from rlagent.host import loop
+from rlagent.prm import PRMConfig
 
 
 def _label_config():
@@ -54,20 +55,24 @@ def test_prm_runs_group_conditions_by_prm_kind():
         "learned_sum/prm=noisy_oracle@0.2",
         "learned_min/prm=noisy_oracle@0.2",
     )
-    assert [(r.config.train.prm, r.config.train.prm_noise) for r in runs] == [
+    assert [(r.config.prm.kind, r.config.prm.noise) for r in runs] == [
         ("none", 0.0),
         ("noisy_oracle", 0.2),
         ("noisy_oracle", 0.4),
         ("completion", 0.0),
     ]
-    assert config.train.get("prm", "none") == "none"  # the experiment config is not changed.
+    assert config.prm.kind == "none"  # the experiment config is not changed.
+    assert [common.build(r.config).prm_config for r in runs[:2]] == [
+        PRMConfig(label_episodes=8, label_samples=4),
+        PRMConfig(kind="noisy_oracle", noise=0.2, label_episodes=8, label_samples=4),
+    ]
     # The default config's conditions parse: one run per PRM kind and noise level.
     default = common.prm_runs(process_rewards.get_config())
     assert len(default) == 1 + 3 + 3  # no PRM, three noise levels, three learned PRMs
     accel = process_rewards_accel.get_config()
     assert len(common.prm_runs(accel)) == 1 + 5 + 3
     for run in common.prm_runs(accel):
-        common.build(run.config)  # every run's TrainConfig is valid
+        common.build(run.config)  # every run's typed configs are valid
 
 
 @pytest.mark.parametrize(

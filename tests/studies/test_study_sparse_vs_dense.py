@@ -6,12 +6,16 @@ import json
 import math
 import os
 
+import ml_collections
 import pytest
 
 from experiments.configs import sparse_vs_dense
 from experiments.configs import sparse_vs_dense_full
 from experiments.studies import common
 from experiments.studies import sparse_vs_dense as study
+from rlagent.credit.probe import ProbeConfig
+from rlagent.prm import PRMConfig
+from rlagent.train.evaluation import EvalConfig
 
 
 def _tiny_config():
@@ -30,8 +34,8 @@ def _tiny_config():
 @pytest.mark.slow
 def test_main_experiment_writes_metrics_plot_and_tables(tmp_path):
     config = _tiny_config()
-    config.train.eval_every = 2  # held-out evaluation after update 2 (the last) only.
-    config.train.eval_episodes = 4
+    config.eval.every = 2  # held-out evaluation after update 2 (the last) only.
+    config.eval.episodes = 4
     summary = common.run_and_report(
         study.reward_runs(config), config, workdir=str(tmp_path), title="tiny",
         progress=False,
@@ -74,10 +78,35 @@ def test_guardrail_runs_and_config_errors():
 def test_full_config_differs_from_the_quickstart_only_in_seeds_and_evaluation():
     full, quick = sparse_vs_dense_full.get_config(), sparse_vs_dense.get_config()
     setup = common.build(full)  # every field valid for the typed configs
-    assert full.seeds == 30 and setup.train_config.eval_every == 30
-    full.seeds, full.train.eval_every, full.train.eval_episodes = (
-        quick.seeds,
-        quick.train.eval_every,
-        quick.train.eval_episodes,
-    )
+    assert full.seeds == 30 and setup.eval_config == EvalConfig(every=30, episodes=64)
+    full.seeds, full.eval = quick.seeds, quick.eval
     assert full.to_dict() == quick.to_dict()
+
+
+def test_the_extras_sections_build_their_typed_configs():
+    config = sparse_vs_dense.get_config()
+    argv = ["--config.prm.kind=implicit", "--config.probe.every=10", "--config.eval.every=20"]
+    assert common.unknown_override(config, argv) is None  # every field is settable
+    config.prm.kind, config.probe.every, config.eval.every = "implicit", 10, 20
+    with pytest.raises(ValueError, match="ProbeConfig.every must be 0 with PRMConfig.kind"):
+        common.build(config)  # Monte-Carlo credit targets see no PRM scores
+    config.probe.every = 0
+    setup = common.build(config)
+    assert setup.prm_config == PRMConfig(kind="implicit")
+    assert (setup.probe_config, setup.eval_config) == (ProbeConfig(), EvalConfig(every=20))
+    config.prm.kind, config.probe.every = "none", 10
+    assert common.build(config).probe_config == ProbeConfig(every=10)
+    # The old TrainConfig spellings are no fields any more.
+    message = common.unknown_override(config, ["--config.train.credit_every=2"])
+    assert message.startswith("Unknown config field config.train.credit_every")
+    config.probe.episodes = 65  # above the 64 episodes of a batch
+    with pytest.raises(ValueError, match=r"ProbeConfig.episodes .*batch_size=64"):
+        common.build(config)
+    config.probe.episodes = 8
+    config.prm.prm_noise = 0.1
+    with pytest.raises(ValueError, match=r"Unknown PRMConfig fields \['prm_noise'\]"):
+        common.build(config)
+    # A config from before the sections: their defaults.
+    old = {k: v for k, v in config.to_dict().items() if k not in ("prm", "probe", "eval")}
+    setup = common.build(ml_collections.ConfigDict(old))
+    assert setup[4:] == (PRMConfig(), ProbeConfig(), EvalConfig())
