@@ -1,8 +1,8 @@
 """Multi-turn environments: the protocol every layer relies on (`base`) and ToolWorld.
 
 `rlagent.envs.base` is what the rollout, trainer, credit and PRM code import; each
-environment lives in its own subpackage (`rlagent.envs.toolworld`), which nothing outside
-it imports except its tests, experiments and the launchers' configs.
+environment lives in its own subpackage (`toolworld`, `dialogue`, `mastermind`), which
+nothing outside it imports except its tests, experiments and the launchers' configs.
 """
 
 from rlagent.envs.base import Environment
