@@ -42,6 +42,7 @@ from rlagent.rollout import RolloutConfig
 from rlagent.train import TrainConfig
 from rlagent.train.evaluation import EvalConfig
 from rlagent.train.ppo import NONFINITE_METRICS
+from rlagent.train.rewards import COMPONENTS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = TrainConfig(num_updates=2, num_groups=2, group_size=2, num_minibatches=1,
@@ -184,7 +185,10 @@ def _nan_outcome(monkeypatch):
     weights = loop.reward_weights
 
     def nan_outcome(config, condition):
-        return weights(config, condition) * (np.nan if condition == "outcome" else 1.0)
+        out = weights(config, condition).copy()
+        if condition == "outcome":  # NaN on the components the environment offers
+            out[[COMPONENTS.index(name) for name in ENV.reward_components]] = np.nan
+        return out
 
     monkeypatch.setattr(loop, "reward_weights", nan_outcome)
 

@@ -1,0 +1,91 @@
+"""Oracle and uniform-random play of the dialogue environment, per curriculum level.
+
+Usage:
+  python -m experiments.dialogue_baselines --episodes=512 --out=docs/results/dialogue_baselines
+
+Prints (and writes `baselines.md` / `baselines.json` under `--out`) per level: the
+shortest dialogue, success and mean turns of the oracle and of uniform random play over
+the grammar, and the observed feedback rate and flip rate of the simulated user
+(feedback shown on a turn / shown feedback that disagrees with the user's opinion).
+"""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app
+from absl import flags
+
+from rlagent.envs.dialogue import DialogueEnv
+from rlagent.envs.dialogue import level_config
+from rlagent.envs.dialogue import oracle_policy
+from rlagent.envs.dialogue import random_policy
+from rlagent.envs.dialogue import shortest_dialogue
+from rlagent.envs.dialogue import unroll
+from rlagent.host import provenance
+
+_EPISODES = flags.DEFINE_integer("episodes", 512, "dialogues per level and policy")
+_LEVELS = flags.DEFINE_string("levels", "1,2,3,4,5", "curriculum levels")
+_OUT = flags.DEFINE_string("out", None, "folder for baselines.md / baselines.json")
+
+
+def play(env: DialogueEnv, policy, key: jax.Array, episodes: int) -> dict[str, float]:
+    """Success, turns and feedback statistics of `episodes` dialogues of `policy`."""
+    run = jax.jit(jax.vmap(lambda k: unroll(env, policy, k)))
+    out = run(jax.random.split(key, episodes))
+    signals = out.timesteps.signals
+    played = np.asarray(jnp.cumsum(out.timesteps.step_type == 2, axis=1) <= 1)
+    last = np.asarray(out.timesteps.step_type == 2) & played
+    turns = played.sum(axis=1)  # turns up to and including the last
+    shown = np.asarray(signals.feedback != 0) & played
+    opinion = np.asarray(signals.opinion)
+    flipped = shown & (np.sign(np.asarray(signals.feedback)) != np.sign(opinion))
+    return {
+        "success": float(np.mean(np.any(np.asarray(signals.success) & last, axis=1))),
+        "turns": float(np.mean(turns)),
+        "feedback_rate": float(shown.sum() / max(played.sum(), 1)),
+        "flip_rate": float(flipped.sum() / max(shown.sum(), 1)),
+    }
+
+
+def main(argv):
+    del argv
+    rows = []
+    for level in [int(x) for x in _LEVELS.value.split(",")]:
+        config = level_config(level)
+        env = DialogueEnv(config)
+        key = jax.random.key(level)
+        oracle = play(env, lambda s, k, env=env: oracle_policy(env, s), key, _EPISODES.value)
+        rand = play(env, lambda s, k, env=env: random_policy(env, s, k), key, _EPISODES.value)
+        rows.append({"level": level, "shortest": int(shortest_dialogue(config)),
+                     "oracle": oracle, "random": rand})  # fmt: skip
+    lines = [
+        f"Dialogue baselines, {_EPISODES.value} dialogues per level and policy.",
+        "",
+        "| level | shortest | oracle success | oracle turns | random success | random turns "
+        "| feedback rate (random) | flip rate (random) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        o, q = r["oracle"], r["random"]
+        lines.append(
+            f"| {r['level']} | {r['shortest']} | {o['success']:.3f} | {o['turns']:.2f} | "
+            f"{q['success']:.3f} | {q['turns']:.2f} | {q['feedback_rate']:.3f} | "
+            f"{q['flip_rate']:.3f} |"
+        )
+    text = "\n".join(lines)
+    print(text)
+    if _OUT.value:
+        os.makedirs(_OUT.value, exist_ok=True)
+        with open(os.path.join(_OUT.value, "baselines.md"), "w") as f:
+            f.write(text + "\n")
+        with open(os.path.join(_OUT.value, "baselines.json"), "w") as f:
+            json.dump(rows, f, indent=2)
+        provenance.write(_OUT.value, provenance.collect({"episodes": _EPISODES.value,
+                                                         "levels": _LEVELS.value}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    app.run(main)
