@@ -38,12 +38,14 @@ with `vmap`). It offers:
   used by oracle continuations and demonstrations; environments without one leave it out
   and those features refuse them (`require_oracle`).
 
-`random_action` is the uniform policy over `allowed_tokens` that every environment gets.
+`random_action` is the uniform policy over `allowed_tokens` that every environment gets;
+`unroll` plays any state-level policy for a fixed number of turns.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 from typing import NamedTuple
@@ -128,19 +130,21 @@ def env_name(env: Any) -> str:
 
 def turn_signals(env: Environment, timestep: Any, played: jax.Array) -> dict[str, jax.Array]:
     """`{name: float32}` of `env.signal_names` from one timestep, 0 where not `played`."""
-    signals = timestep.signals
-    read = signals.get if isinstance(signals, dict) else lambda name: getattr(signals, name)
     return {
-        name: jnp.where(played, jnp.asarray(read(name)).astype(jnp.float32), 0.0)
+        name: jnp.where(played, _signal(timestep, name).astype(jnp.float32), 0.0)
         for name in env.signal_names
     }
 
 
 def turn_success(timestep: Any, played: jax.Array) -> jax.Array:
     """The environment's `success` signal of one timestep, False where not `played`."""
+    return played & _signal(timestep, "success").astype(bool)
+
+
+def _signal(timestep: Any, name: str) -> jax.Array:
+    """Signal `name` of a timestep whose signals are a dict or a NamedTuple."""
     signals = timestep.signals
-    success = signals["success"] if isinstance(signals, dict) else signals.success
-    return played & jnp.asarray(success, bool)
+    return jnp.asarray(signals[name] if isinstance(signals, dict) else getattr(signals, name))
 
 
 def terminated(timestep: Any) -> jax.Array:
@@ -182,6 +186,38 @@ def random_action(env: Environment, state: Any, key: jax.Array) -> jax.Array:
     prefix = jnp.zeros((env.turn_len,), jnp.int32)
     action, _ = jax.lax.scan(sample, prefix, (positions, keys))
     return action
+
+
+class Unroll(NamedTuple):
+    """One scripted episode, turn-major (S = number of turns played)."""
+
+    first: Any  # the reset timestep.
+    actions: jax.Array  # [S, L] int32.
+    timesteps: Any  # leaves [S, ...]: the timestep returned by turn s.
+
+
+def unroll(
+    env: Environment,
+    policy: Callable[[Any, jax.Array], jax.Array],
+    key: jax.Array,
+    num_turns: int | None = None,
+) -> Unroll:
+    """Plays `policy(state, key) -> [L]` for `num_turns` turns (default env.max_turns).
+
+    Turns after the end of the episode hit the absorbing state (reward and signals 0),
+    so the result has fixed shapes; jit/vmap-safe (vmap over `key` for a batch).
+    """
+    num_turns = env.max_turns if num_turns is None else num_turns
+    reset_key, policy_key = jax.random.split(key)
+    state, first = env.reset(reset_key)
+
+    def turn(state, turn_key):
+        action = policy(state, turn_key)
+        state, timestep = env.step(state, action)
+        return state, (action, timestep)
+
+    _, (actions, timesteps) = jax.lax.scan(turn, state, jax.random.split(policy_key, num_turns))
+    return Unroll(first=first, actions=actions, timesteps=timesteps)
 
 
 def check_environment(env: Any) -> None:
