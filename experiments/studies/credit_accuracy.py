@@ -59,6 +59,7 @@ from rlagent.host.writers import MetricWriter
 from rlagent.rollout import make_rollout
 from rlagent.train.config import LEARNED_REWARDS
 from rlagent.train.config import TrainConfig
+from rlagent.train.rewards import check_forms
 from rlagent.train.rewards import reward_weights
 from rlagent.train.rewards import turn_rewards
 from rlagent.types import Trajectory
@@ -151,11 +152,6 @@ def _check_config(config, base: TrainConfig, rewards: list[str]) -> tuple[list[i
     """`(horizons, policies)` of the config; a bad value is refused naming its field."""
     if int(config.seeds) < 1:
         raise ValueError(f"config.seeds must be >= 1, got {config.seeds}.")
-    for reward in rewards:
-        try:
-            reward_weights(base, reward)
-        except ValueError as error:
-            raise ValueError(f"config.rewards: {error}") from None
     horizons = ints(config.horizons, "horizons", "horizon")
     for horizon in horizons:
         try:
@@ -164,6 +160,7 @@ def _check_config(config, base: TrainConfig, rewards: list[str]) -> tuple[list[i
             raise ValueError(f"config.horizons: {error}") from None
     policies = names(config.policies, "policies", "policy")
     probe = ToolWorld(horizon_config(horizons[0]))
+    check_forms(probe, base, rewards, "config.rewards")
     for name in policies:
         try:
             if name.startswith("ppo_"):

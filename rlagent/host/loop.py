@@ -55,7 +55,7 @@ from rlagent.train.ppo import NONFINITE_METRICS
 from rlagent.train.ppo import RunnerState
 from rlagent.train.ppo import Trainer
 from rlagent.train.ppo import make_train
-from rlagent.train.rewards import check_reward
+from rlagent.train.rewards import check_forms
 from rlagent.train.rewards import reward_weights
 
 __all__ = ["RESUMABLE_FIELDS", "Diverged", "RunError", "clear_compiled", "run"]
@@ -171,8 +171,8 @@ def _check_arguments(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
     if not seeds:
         raise ValueError("seeds must name at least one seed.")
+    check_forms(env, config, conditions, "condition")
     for condition in conditions:
-        check_reward(env, reward_weights(config, condition), f"condition {condition!r}")
         if condition in LEARNED_REWARDS and prm.kind == "none":
             raise ValueError(
                 f"condition {condition!r} reads a process reward model's scores: "

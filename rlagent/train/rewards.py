@@ -135,6 +135,17 @@ def check_reward(env, weights: np.ndarray, what: str) -> None:
     check_components(env, [n for n, w in zip(COMPONENTS, weights, strict=True) if w != 0], what)
 
 
+def check_forms(env, config: TrainConfig, forms, what: str) -> None:
+    """Refuses reward forms (named by `what`, e.g. a config field) that are unknown or
+    weight a component `env` does not offer; the errors start with `what`."""
+    for form in forms:
+        try:
+            weights = reward_weights(config, form)
+        except ValueError as error:
+            raise ValueError(f"{what}: {error}") from None
+        check_reward(env, weights, f"{what} {form!r}")
+
+
 def reward_components(
     trajectory: Trajectory, config: TrainConfig, prm_scores: jax.Array | None = None
 ) -> jax.Array:
