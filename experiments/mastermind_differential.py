@@ -16,6 +16,7 @@ Prints one line per configuration and policy; `--json_out` writes the numbers.
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import jax
@@ -28,6 +29,7 @@ from rlagent.envs.mastermind import TEXTARENA_IDS
 from rlagent.envs.mastermind import Mastermind
 from rlagent.envs.mastermind import level_config
 from rlagent.envs.mastermind.differential import compare
+from rlagent.host import provenance
 
 _GAMES = flags.DEFINE_integer("games", 10000, "Differential games per configuration.")
 _ORACLE_GAMES = flags.DEFINE_integer("oracle_games", 2000, "Oracle / random games per level.")
@@ -56,6 +58,10 @@ def main(_):
     if _JSON_OUT.value:
         with open(_JSON_OUT.value, "w") as out:
             json.dump(results, out, indent=1)
+        # provenance.json beside it: command, commit and dirty state, versions, CPU.
+        settings = {"games": _GAMES.value, "oracle_games": _ORACLE_GAMES.value, "seed": _SEED.value}
+        provenance.write(os.path.dirname(os.path.abspath(_JSON_OUT.value)),
+                         provenance.collect(settings))  # fmt: skip
 
 
 def policy_stats(level: str, policy: str, games: int, seed: int) -> dict[str, float]:
