@@ -25,7 +25,7 @@ only for every horizon (the first study: success 0.97 within them, 0.14 at h = 8
 import ml_collections
 
 from experiments.configs import sparse_vs_dense
-from experiments.studies.common import section
+from experiments.studies.sections import section
 from rlagent.pipeline.warm_start import WarmStartConfig
 
 

@@ -10,7 +10,7 @@ field can be overridden from the command line.
 
 import ml_collections
 
-from experiments.studies.common import section
+from experiments.studies.sections import section
 from rlagent.credit.probe import ProbeConfig
 from rlagent.envs.toolworld import ToolWorldConfig
 from rlagent.envs.toolworld import dsl

@@ -16,7 +16,6 @@ import dataclasses
 import functools
 import os
 import time
-import typing
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
@@ -25,14 +24,14 @@ from typing import NamedTuple
 import jax
 import ml_collections
 from flax import nnx
-from ml_collections import config_dict
 
+from experiments.studies.envs import make_env
+from experiments.studies.sections import make
+from experiments.studies.sections import section
 from rlagent.analysis import report
 from rlagent.credit import mc
 from rlagent.credit.probe import ProbeConfig
-from rlagent.envs.toolworld import ToolWorld
-from rlagent.envs.toolworld import ToolWorldConfig
-from rlagent.envs.toolworld import dsl
+from rlagent.envs.base import Environment
 from rlagent.host import loop
 from rlagent.host import provenance
 from rlagent.host.extras import check_extras
@@ -53,7 +52,7 @@ from rlagent.train.rewards import check_forms
 
 
 class Setup(NamedTuple):
-    env: ToolWorld
+    env: Environment
     policy_config: PolicyConfig
     rollout_config: RolloutConfig
     train_config: TrainConfig
@@ -78,13 +77,11 @@ class Run(NamedTuple):
 def build(config: ml_collections.ConfigDict) -> Setup:
     """Typed configs from the `env`, `model`, `rollout` and `train` sections, and the
     extras' `prm`, `probe` and `eval` sections (defaults where a section is absent)."""
-    env = ToolWorld(_make(ToolWorldConfig, config.env, "env"))
-    model = dict(config.model)
-    model.setdefault("vocab_size", dsl.VOCAB_SIZE)
+    env = make_env(config.env)
     setup = Setup(
         env=env,
-        policy_config=_make(PolicyConfig, model, "model"),
-        rollout_config=_make(RolloutConfig, config.rollout, "rollout"),
+        policy_config=policy_config(env, config.model),
+        rollout_config=make(RolloutConfig, config.rollout, "rollout"),
         train_config=TrainConfig.from_mapping(config.train),
         prm_config=PRMConfig.from_mapping(config.get("prm", {})),
         probe_config=ProbeConfig.from_mapping(config.get("probe", {})),
@@ -92,6 +89,21 @@ def build(config: ml_collections.ConfigDict) -> Setup:
     )
     check_extras(setup.train_config, setup.prm_config, setup.probe_config)  # across sections
     return setup
+
+
+def policy_config(env: Environment, model: Mapping[str, Any]) -> PolicyConfig:
+    """The `model` section as a PolicyConfig over `env`'s vocabulary (absent or None:
+    the env's; another size is refused naming the field)."""
+    model = dict(model)
+    vocab_size = env.token_spec.vocab_size
+    if model.get("vocab_size") is None:
+        model["vocab_size"] = vocab_size
+    elif model["vocab_size"] != vocab_size:
+        raise ValueError(
+            f"config.model.vocab_size={model['vocab_size']}, but {type(env).__name__} has a "
+            f"vocabulary of {vocab_size} tokens; leave it unset to use the env's."
+        )
+    return make(PolicyConfig, model, "model")
 
 
 class PRMGroup(NamedTuple):
@@ -282,27 +294,6 @@ def prepare(
     )  # fmt: skip
 
 
-def section(cls: type, **values: Any) -> ml_collections.ConfigDict:
-    """A config section holding every field of dataclass `cls`: its default, or `values`.
-
-    Every field exists, so any of them can be overridden from the command line; a field
-    whose default is None is a typed placeholder (`--config.train.kl_target=0.02` works).
-    """
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - set(fields))
-    if unknown:
-        raise ValueError(f"Unknown {cls.__name__} fields {unknown}; known: {sorted(fields)}.")
-    hints = typing.get_type_hints(cls)
-    out = ml_collections.ConfigDict()
-    for name, field in fields.items():
-        value = values.get(name, field.default)
-        if value is None:
-            types = [t for t in typing.get_args(hints[name]) if t is not type(None)]
-            value = config_dict.placeholder(typing.get_origin(types[0]) or types[0])
-        out[name] = value
-    return out
-
-
 def unknown_override(config: ml_collections.ConfigDict, argv: Sequence[str]) -> str | None:
     """Names the first `--config.a.b=...` of `argv` that is no field of `config`, if any."""
     for arg in argv:
@@ -319,14 +310,6 @@ def unknown_override(config: ml_collections.ConfigDict, argv: Sequence[str]) -> 
                 return f"Unknown config field {where}.{name}; {where} has: {known}."
             node = node[name]
     return None
-
-
-def _make(cls, values: Mapping[str, Any], section: str):
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"Unknown {section} config fields {unknown}; known: {sorted(known)}.")
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
 def names(text: str, field: str = "conditions", what: str = "reward form") -> list[str]:
@@ -363,7 +346,7 @@ def estimator_config(base: TrainConfig, spec: str) -> TrainConfig:
 # Policies of the Monte-Carlo studies (credit accuracy, label quality) ---------------------
 
 
-def env_policy(env: ToolWorld, name: str) -> mc.EnvPolicy:
+def env_policy(env: Environment, name: str) -> mc.EnvPolicy:
     """The environment-level policy called `name`: `random` (uniform over the grammar),
     `prover_<eps>` (per turn the oracle with probability eps, else random) or `oracle`."""
     if name == "random":
@@ -387,21 +370,24 @@ class LMSetup(NamedTuple):
 
 
 @functools.cache
-def _lm_setup_cached(model: tuple, rollout: tuple) -> LMSetup:
-    policy_config = PolicyConfig(**{"vocab_size": dsl.VOCAB_SIZE, **dict(model)})
+def _lm_setup_cached(vocab_size: int, model: tuple, rollout: tuple) -> LMSetup:
+    policy_config = PolicyConfig(**{"vocab_size": vocab_size, **dict(model)})
     rollout_config = RolloutConfig(**dict(rollout))
     abstract = nnx.eval_shape(lambda: Policy(policy_config, rngs=nnx.Rngs(0)))
     return LMSetup(policy_config, rollout_config, nnx.split(abstract)[0])
 
 
-def lm_setup(config) -> LMSetup:
-    """Policy and rollout configs of the LM policies (one graph for every horizon)."""
+def lm_setup(config, env: Environment) -> LMSetup:
+    """Policy and rollout configs of the LM policies over `env`'s vocabulary (one graph
+    for every horizon)."""
     return _lm_setup_cached(
-        tuple(sorted(config.model.items())), tuple(sorted(config.rollout.items()))
+        policy_config(env, config.model).vocab_size,
+        tuple(sorted((k, v) for k, v in config.model.items() if k != "vocab_size")),
+        tuple(sorted(config.rollout.items())),
     )
 
 
-def checkpoint(env: ToolWorld, setup: LMSetup, config, num_updates: int):
+def checkpoint(env: Environment, setup: LMSetup, config, num_updates: int):
     """Parameters after `num_updates` PPO updates on `env` (0: the initial policy).
 
     `config.ppo` holds the TrainConfig fields of the run (no PRM, no probe),

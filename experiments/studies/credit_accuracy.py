@@ -181,7 +181,7 @@ def make_measure(env: ToolWorld, name: str, base: TrainConfig, config) -> Callab
     `config.first_seed`), continued by itself from the rollout's carries.
     """
     if name.startswith("ppo_"):
-        setup = lm_setup(config)
+        setup = lm_setup(config, env)
         params = checkpoint(env, setup, config, int(name.removeprefix("ppo_")))
         measure = _lm_measure(env, setup, base, _Sampling.of(config))
         return lambda key, weights: measure(params, key, weights)

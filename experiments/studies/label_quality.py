@@ -155,7 +155,7 @@ def make_behaviour(env: ToolWorld, name: str, config: ml_collections.ConfigDict)
     base = TrainConfig()
     chunk_size = int(config.chunk_size)
     if name.startswith("ppo_"):
-        setup = common.lm_setup(config)
+        setup = common.lm_setup(config, env)
         params = common.checkpoint(env, setup, config, int(name.removeprefix("ppo_")))
         rollout = jax.jit(
             make_rollout(env, setup.graphdef, setup.rollout_config, with_carries=True)

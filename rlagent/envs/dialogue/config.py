@@ -40,7 +40,8 @@ class Persona:
     patience: int | None = None  # turns it tolerates (None: shortest + max(2, shortest // 2)).
     answers: str = "short"  # 'short': one act per turn; 'detailed': up to max_acts.
     volunteers: bool = False  # states its next untold constraint unasked, every reply.
-    chats: int = 0  # off-topic remarks, one in each reply to the first `chats` turns.
+    # Off-topic remarks, one in each reply to the first `chats` turns (None: the level's).
+    chats: int | None = None
     feedback_rate: float = 0.3  # probability of a thumbs up / down after a turn.
     feedback_noise: float = 0.1  # probability that a given thumb is flipped.
 
@@ -51,9 +52,10 @@ class Persona:
             _fail(self, "answers", "Persona", f"must be one of {ANSWER_STYLES}")
         if not isinstance(self.volunteers, bool):
             _fail(self, "volunteers", "Persona", "must be a bool")
-        _check_integer(self, "chats", "Persona")
-        if not 0 <= self.chats <= MAX_CHATS:
-            _fail(self, "chats", "Persona", f"must be in [0, {MAX_CHATS}]")
+        if self.chats is not None:
+            _check_integer(self, "chats", "Persona")
+            if not 0 <= self.chats <= MAX_CHATS:
+                _fail(self, "chats", "Persona", f"must be in [0, {MAX_CHATS}]")
         for name in ("feedback_rate", "feedback_noise"):
             value = getattr(self, name)
             if not isinstance(value, numbers.Real) or isinstance(value, bool):
@@ -77,7 +79,7 @@ class DialogueConfig:
     num_values: int = 4  # values per attribute, 2..4.
     num_entities: int | None = None  # N catalogue entities, C + 1..16 (default max(8, C + 2)).
     max_acts: int = 2  # acts a turn may hold, 1..3 (L = 4 * max_acts + 1).
-    persona: Persona | None = None  # None: Persona(chats=the level's).
+    persona: Persona | None = None  # None: Persona(); its chats None: the level's.
 
     def __post_init__(self):
         _check_integer(self, "level")
@@ -120,6 +122,8 @@ class DialogueConfig:
             object.__setattr__(self, "persona", Persona(chats=chats))
         elif not isinstance(self.persona, Persona):
             _fail(self, "persona", "DialogueConfig", "must be a Persona")
+        elif self.persona.chats is None:
+            object.__setattr__(self, "persona", dataclasses.replace(self.persona, chats=chats))
         goal = self.num_constraints + self.num_requests
         if self.num_attributes is None:
             spare = min(dsl.MAX_ATTRIBUTES, goal + SPARE_ATTRIBUTES)
