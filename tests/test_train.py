@@ -79,7 +79,8 @@ def test_resume_continues_exactly(tmp_path):
 SHARDED_SCRIPT = textwrap.dedent(
     """
     import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    flags = os.environ.get("XLA_FLAGS", "")  # the suite's (tests/conftest.py), and 4 devices:
+    os.environ["XLA_FLAGS"] = flags + " --xla_force_host_platform_device_count=4"
     import json, jax, numpy as np
     sys_path = {path!r}
     import sys; sys.path.insert(0, sys_path)
