@@ -42,7 +42,7 @@ from rlagent.preference.pairs import PairBatch
 from rlagent.rollout import RolloutConfig
 from rlagent.rollout import make_score
 from rlagent.train.config import check_fields
-from rlagent.train.ppo import NONFINITE_METRICS
+from rlagent.train.ppo import guarded_step
 from rlagent.train.ppo import policy_graphdef
 from rlagent.types import Trajectory
 
@@ -180,29 +180,6 @@ def make_optimizer(config: DPOConfig) -> optax.GradientTransformation:
     )
 
 
-def gradient_step(params, opt_state, batch, ref, *, loss, optimizer):
-    """One step of `loss(params, batch, ref) -> (value, metrics)`; a non-finite loss or
-    gradient leaves parameters and optimiser state unchanged (flagged in the metrics,
-    as in the PPO trainer, for the host to stop the run)."""
-    (value, metrics), grads = jax.value_and_grad(loss, has_aux=True)(params, batch, ref)
-    updates, new_opt_state = optimizer.update(grads, opt_state, params)
-    grad_norm = optax.tree_utils.tree_norm(grads)
-    finite_loss, finite_grads = jnp.isfinite(value), jnp.isfinite(grad_norm)
-    keep = finite_loss & finite_grads
-    params, opt_state = jax.tree.map(
-        lambda new, old: jnp.where(keep, new, old),
-        (optax.apply_updates(params, updates), new_opt_state),
-        (params, opt_state),
-    )
-    flags = (1.0 - finite_loss.astype(jnp.float32), 1.0 - finite_grads.astype(jnp.float32))
-    metrics = {
-        **metrics,
-        "grad_norm": grad_norm,
-        **dict(zip(NONFINITE_METRICS, flags, strict=True)),
-    }
-    return params, opt_state, metrics
-
-
 def fresh_state(key: jax.Array, policy_config: PolicyConfig, optimizer, params=None) -> DPOState:
     """A new run: a fresh policy (or `params`, e.g. a behaviour-cloned start), which is also
     the frozen reference."""
@@ -224,6 +201,9 @@ def make_offline_dpo(
     score = make_score(env, graphdef, rollout_config)
     optimizer = make_optimizer(config)
 
+    def loss(params, batch, ref):
+        return preference_loss(params, batch, ref, score=score, config=config)
+
     def init(key: jax.Array, num_pairs: int | jax.Array = 1, params: Any = None) -> DPOState:
         state = fresh_state(key, policy_config, optimizer, params)
         return state._replace(num_pairs=jnp.asarray(num_pairs, jnp.int32))
@@ -235,10 +215,9 @@ def make_offline_dpo(
         key, pick_key = jax.random.split(state.key)
         index = jax.random.randint(pick_key, (config.pairs_per_step,), 0, state.num_pairs)
         batch = jax.tree.map(lambda x: x[index], data)
-        params, opt_state, metrics = gradient_step(
-            state.params, state.opt_state, batch, jax.tree.map(lambda x: x[index], ref),
-            loss=lambda p, b, r: preference_loss(p, b, r, score=score, config=config),
-            optimizer=optimizer,
+        params, opt_state, metrics = guarded_step(
+            loss, state.params, state.opt_state, optimizer, batch,
+            jax.tree.map(lambda x: x[index], ref),
         )  # fmt: skip
         new = state._replace(params=params, opt_state=opt_state, key=key, step=state.step + 1)
         return new, metrics

@@ -40,7 +40,6 @@ from rlagent.models import Policy
 from rlagent.models import PolicyConfig
 from rlagent.preference import pairs as pairing
 from rlagent.preference.dpo import DPOConfig
-from rlagent.preference.dpo import gradient_step
 from rlagent.preference.dpo import make_optimizer
 from rlagent.preference.dpo import pair_logps
 from rlagent.preference.dpo import preference_loss
@@ -51,6 +50,7 @@ from rlagent.rollout import make_rollout
 from rlagent.rollout import make_score
 from rlagent.train.extras import PRMInputs
 from rlagent.train.ppo import episode_metrics
+from rlagent.train.ppo import guarded_step
 from rlagent.train.ppo import policy_graphdef
 from rlagent.types import Trajectory
 
@@ -130,9 +130,7 @@ def make_online_dpo(
 
         def step(carry, _):
             params, opt_state = carry
-            params, opt_state, stats = gradient_step(
-                params, opt_state, batch, ref, loss=loss, optimizer=optimizer
-            )
+            params, opt_state, stats = guarded_step(loss, params, opt_state, optimizer, batch, ref)
             return (params, opt_state), stats
 
         (params, opt_state), stats = jax.lax.scan(
