@@ -19,6 +19,7 @@ from rlagent.preference import judges
 from rlagent.preference import online
 from rlagent.preference import pairs
 from rlagent.rollout import RolloutConfig
+from rlagent.train import rewards
 from rlagent.train.config import TrainConfig
 from rlagent.train.extras import PRMInputs
 from rlagent.types import Trajectory
@@ -129,7 +130,7 @@ def _toy(actions, played):
     return Trajectory(
         obs_tokens=jnp.zeros((n, s, 2), jnp.int32), progress=jnp.zeros((n, s, 1), jnp.int32),
         action_tokens=actions, action_mask=actions > 0, logp=zeros, values=zeros,
-        turn_mask=jnp.asarray(played), signals={}, success=jnp.zeros((n, s), bool),
+        turn_mask=jnp.asarray(played, bool), signals={}, success=jnp.zeros((n, s), bool),
         done=jnp.zeros((n, s), bool), bootstrap_value=jnp.zeros((n,), jnp.float32),
     )  # fmt: skip
 
@@ -223,6 +224,27 @@ def test_config_is_validated():
         dpo.DPOConfig.from_mapping({"betta": 0.1})
     with pytest.raises(ValueError, match="Unknown judge"):
         judges.judge_weights(TrainConfig(), "oracle")
+
+
+def test_judges_score_the_return_of_their_weights():
+    """Outcome: 1 for the solved episode; guardrail: minus one per violating turn; a
+    reward form subtracts its violation penalty; the weights are data (one judge)."""
+    traj = _toy([[[3, 1], [4, 1], [5, 1]]] * 3, [[1, 1, 1], [1, 1, 0], [1, 0, 0]])
+    outcome = jnp.asarray([[0, 0, 1], [0, 0, 0], [0, 0, 0]], jnp.float32)
+    violations = jnp.asarray([[0, 2, 0], [1, 1, 0], [0, 0, 0]], jnp.float32)
+    traj = traj._replace(signals={"outcome": outcome, "violations": violations})
+    config = TrainConfig(violation_penalty=0.5)
+    judge = judges.make_judge(config)
+    inputs = PRMInputs(None, None, traj, None)
+    cases = {
+        "outcome": (judges.judge_weights(config, "outcome"), [1, 0, 0]),
+        "guardrail": (judges.judge_weights(config, "guardrail"), [0, -2, 0]),
+        "outcome form": (rewards.reward_weights(config, "outcome"), [0.5, -1, 0]),
+    }
+    for name, (weights, values) in cases.items():
+        scores, state, metrics = jax.jit(judge.judge)((), inputs, weights, jax.random.key(0))
+        np.testing.assert_allclose(scores, values, err_msg=name)
+        assert state == () and float(metrics["label_turns"]) == 0.0
 
 
 # --------------------------------------------------------------------------- training
