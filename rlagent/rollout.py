@@ -524,7 +524,7 @@ def _token_scores(
     """
     logits = actor.logits(hidden, visible[..., None, :])
     if sampling_mask is None:
-        allowed = _ban_pad(jnp.ones(logits.shape, bool), actor.config.pad_id)
+        allowed = ban_pad(jnp.ones(logits.shape, bool), actor.config.pad_id)
     else:
         allowed = sampling_mask
     log_pi = policy_log_probs(logits, temperature=config.temperature, mask=allowed_to_mask(allowed))
@@ -824,8 +824,8 @@ def _sample_turn(
 
     def allowed_at(prefix, i):
         if config.constrained:
-            return _ban_pad(allowed_fn(inputs.env_state, prefix, i), tokens.pad)
-        return _ban_pad(jnp.ones((batch, vocab), bool), tokens.pad)
+            return ban_pad(allowed_fn(inputs.env_state, prefix, i), tokens.pad)
+        return ban_pad(jnp.ones((batch, vocab), bool), tokens.pad)
 
     def token(carry):
         i, hidden, cache, prefix, done, out = carry
@@ -938,7 +938,7 @@ def _check_trajectory(traj: Trajectory, dims: Dims, vocab: int) -> None:
         chex.assert_shape(traj.sampling_mask, (batch, s, n, vocab))
 
 
-def _ban_pad(allowed: jax.Array, pad: int) -> jax.Array:
+def ban_pad(allowed: jax.Array, pad: int) -> jax.Array:
     """Removes `pad` from `allowed [..., V]` unless it is the only allowed token."""
     no_pad = allowed & (jnp.arange(allowed.shape[-1]) != pad)
     return jnp.where(no_pad.any(axis=-1, keepdims=True), no_pad, allowed)

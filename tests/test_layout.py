@@ -17,12 +17,16 @@ LAYERS = (
     ("rlagent.train",),
     ("rlagent.credit",),
     ("rlagent.prm",),
+    ("rlagent.preference",),
     ("rlagent.pipeline", "rlagent.host", "rlagent.analysis"),
 )  # fmt: skip
 # Packages whose modules may not import each other though they share a layer.
 SIBLINGS = {"rlagent.envs": "rlagent.models", "rlagent.models": "rlagent.envs"}
 # Generic layers: they must work with any environment of rlagent.envs.base.
-GENERIC = ("rlagent.rollout", "rlagent.train", "rlagent.credit", "rlagent.prm", "rlagent.host")
+GENERIC = (
+    "rlagent.rollout", "rlagent.train", "rlagent.credit", "rlagent.prm", "rlagent.preference",
+    "rlagent.host",
+)  # fmt: skip
 # Optional or heavy outside packages that may be imported where they are used.
 LAZY_OK = ("matplotlib", "rliable", "scipy", "tensorboardX", "textarena", "transformers", "torch")
 MAX_LINES, MAX_POSITIONAL = 80, 6

@@ -44,7 +44,7 @@ def forks_from_carries(carries: RolloutCarry) -> RolloutCarry:
             )
         return jnp.swapaxes(node, 0, 1)
 
-    return jax.tree.map(batch_major, carries, is_leaf=_is_cache)
+    return jax.tree.map(batch_major, carries, is_leaf=is_cache)
 
 
 def play_policy(
@@ -83,7 +83,7 @@ def play_policy(
 
     def one(carry: Any, key: jax.Array) -> mc.TurnSignals:
         start = env.episode_turn(carry.env_state)
-        single = jax.tree.map(_batch_of_one, carry, is_leaf=_is_cache)
+        single = jax.tree.map(batch_of_one, carry, is_leaf=is_cache)
         # Past max_turns the environment is absorbing and the turns are masked: running
         # S turns from any start keeps one compiled program for every fork.
         traj = continue_(params, single, start, key[None], num_turns=num_turns)
@@ -104,11 +104,11 @@ def play_policy(
     return play
 
 
-def _is_cache(node) -> bool:
+def is_cache(node) -> bool:
     return isinstance(node, KVCache)
 
 
-def _batch_of_one(node):
+def batch_of_one(node):
     """One fork's carry (batch axis dropped) -> a batch of one, layer-major KV caches."""
     if isinstance(node, KVCache):
         return KVCache(k=node.k[:, None], v=node.v[:, None], valid=node.valid[None])

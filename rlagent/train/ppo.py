@@ -364,24 +364,44 @@ def _optimise(
 
     def minibatch_step(carry, minibatch):
         params, opt_state = carry
-        (value, stats), grads = jax.value_and_grad(loss, has_aux=True)(params, minibatch, kl_coef)
-        updates, new_opt_state = optimizer.update(grads, opt_state, params)
-        grad_norm = optax.tree_utils.tree_norm(grads)
-        finite_loss, finite_grads = jnp.isfinite(value), jnp.isfinite(grad_norm)
-        # A non-finite step leaves parameters and optimiser state as they were (selected,
-        # not branched: no host sync); the flags below let the host loop stop the run.
-        keep = finite_loss & finite_grads
-        params, opt_state = jax.tree.map(
-            lambda new, old: jnp.where(keep, new, old),
-            (optax.apply_updates(params, updates), new_opt_state),
-            (params, opt_state),
+        params, opt_state, stats = guarded_step(
+            loss, params, opt_state, optimizer, minibatch, kl_coef
         )
-        stats["grad_norm"] = grad_norm
-        stats["nonfinite_loss"] = 1.0 - finite_loss.astype(jnp.float32)
-        stats["nonfinite_grads"] = 1.0 - finite_grads.astype(jnp.float32)
         return (params, opt_state), stats
 
     return jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, config.num_epochs))
+
+
+def guarded_step(
+    loss: Callable[..., tuple[jax.Array, Metrics]],
+    params: Any,
+    opt_state: Any,
+    optimizer: optax.GradientTransformation,
+    *args: Any,
+) -> tuple[Any, Any, Metrics]:
+    """One optimiser step on `loss(params, *args) -> (value, stats)`: `(params, opt_state,
+    stats + grad_norm + NONFINITE_METRICS)`.
+
+    A non-finite loss or gradient leaves parameters and optimiser state as they were
+    (selected, not branched: no host sync); its flags let the host loop stop the run.
+    """
+    (value, stats), grads = jax.value_and_grad(loss, has_aux=True)(params, *args)
+    updates, new_opt_state = optimizer.update(grads, opt_state, params)
+    grad_norm = optax.tree_utils.tree_norm(grads)
+    finite_loss, finite_grads = jnp.isfinite(value), jnp.isfinite(grad_norm)
+    keep = finite_loss & finite_grads
+    params, opt_state = jax.tree.map(
+        lambda new, old: jnp.where(keep, new, old),
+        (optax.apply_updates(params, updates), new_opt_state),
+        (params, opt_state),
+    )
+    stats = {
+        **stats,
+        "grad_norm": grad_norm,
+        "nonfinite_loss": 1.0 - finite_loss.astype(jnp.float32),
+        "nonfinite_grads": 1.0 - finite_grads.astype(jnp.float32),
+    }
+    return params, opt_state, stats
 
 
 class _TokenTargets(NamedTuple):

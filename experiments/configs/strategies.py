@@ -1,0 +1,66 @@
+"""Training strategies compared on ToolWorld level 2: PPO, GRPO, offline DPO, online DPO.
+
+Usage:
+  python -m experiments.strategies --workdir=runs/strategies
+  python -m experiments.strategies --config.seeds=20 --config.online.num_updates=300
+
+The defaults fit about 15 minutes on a 2-core CPU (3 seeds); every strategy gets a
+similar budget of environment turns (`docs/preference.md` lists the budgets measured).
+"""
+
+import ml_collections
+
+from experiments.studies.envs import env_section
+from experiments.studies.sections import section
+from rlagent.envs.toolworld import dsl
+from rlagent.models import PolicyConfig
+from rlagent.preference.dpo import DPOConfig
+from rlagent.rollout import RolloutConfig
+from rlagent.train.config import TrainConfig
+
+
+def get_config() -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict()
+    config.seeds = 3  # seeds per condition, trained side by side under vmap.
+    config.first_seed = 0
+    config.eval_every = 20  # online iterations between held-out evaluations (PPO: scaled).
+    config.eval_episodes = 64  # held-out episodes per evaluation (sampled and greedy).
+
+    config.env = env_section("toolworld", level=2)
+    # The policy LM of experiments/configs/sparse_vs_dense.py, reading its full context
+    # (every turn of the episode, S = 5) without a summary: the same information as a
+    # window of 1 with a summary, in programs that compile about 3x faster on a CPU.
+    config.model = section(
+        PolicyConfig, vocab_size=dsl.VOCAB_SIZE, d_model=32, num_layers=1, num_heads=2,
+        num_kv_heads=1, mlp_dim=64, summary_dim=32, num_summary_slots=0, copy_prior=3.0,
+    )  # fmt: skip
+    config.rollout = section(RolloutConfig, window=None, constrained=True)
+
+    # PPO and GRPO with the outcome reward (TrainConfig fields; GRPO sets its estimator).
+    config.ppo = section(
+        TrainConfig, num_updates=40, num_groups=8, group_size=8, reward="outcome",
+        estimator="gae_turn", learning_rate=1e-3,
+    )  # fmt: skip
+    config.grpo_estimator = "grpo"
+
+    # Online DPO / RLAIF (DPOConfig fields): 8 tasks x 4 episodes per iteration.
+    config.online = section(
+        DPOConfig, num_updates=80, num_groups=8, group_size=4, beta=0.1, learning_rate=1e-3
+    )
+    # Judges of the online runs with trajectory pairs: `judge[@accuracy]`
+    # (rlagent.preference.judges: outcome, guardrail, or a reward form; accuracy < 1 is
+    # the noisy judge). They differ in data only and train in one program.
+    config.judges = "outcome,guardrail,process,process@0.9,process@0.75,process@0.6"
+    # Judges of the fork-pair runs (same DPOConfig, pairs='fork', segment level).
+    config.fork_judges = "outcome,process"
+    # The PRM judge: rlagent.prm kind (implicit: trained on episode outcomes only).
+    config.prm_kind = "implicit"
+
+    # Offline DPO on logs of a behaviour policy (an environment-level policy of
+    # experiments.studies.common.env_policy), ranked by `offline_judge`.
+    config.behaviour = "prover_0.5"
+    config.offline_judge = "outcome"
+    config.data_sizes = "32,128,512"  # pairs: the data-size curve (one program).
+    config.offline = section(DPOConfig, num_updates=200, pairs_per_step=32, beta=0.1,
+                             learning_rate=1e-3, level="segment")  # fmt: skip
+    return config
