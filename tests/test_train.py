@@ -137,7 +137,7 @@ def test_copy_gate_scores_like_the_rollout_and_learns():
     played = np.asarray(traj.loss_mask)
     np.testing.assert_allclose(np.asarray(logp)[played], np.asarray(traj.logp)[played], atol=1e-5)
     # The gate is a parameter: the log-likelihood of the sampled tokens depends on it.
-    grads = jax.grad(lambda p: jnp.sum(score(p, traj)[0]))(params)
+    grads = jax.jit(jax.grad(lambda p: jnp.sum(score(p, traj)[0])))(params)
     assert float(jnp.abs(grads["actor"]["copy_gate"][...])) > 0
     observed = observed_tokens(jnp.array([[5, 7, 0]]), POLICY.vocab_size)
     assert observed.shape == (1, POLICY.vocab_size)
