@@ -18,6 +18,7 @@ from experiments.studies import dialogue as study
 from experiments.studies.envs import env_section
 from rlagent.analysis.report import final_mean
 from rlagent.analysis.report import seed_curves
+from rlagent.host import loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUTPUTS = ("metrics.csv", "curves.png", "summary.md", "summary.json", "provenance.json")
@@ -164,3 +165,12 @@ def test_launcher_refusals_are_one_line_and_write_nothing(tmp_path):
         assert len(errors) == 1 and errors[0] == lines[-1] and says in errors[0]
     assert not (tmp_path / "new").exists()
     assert os.listdir(tmp_path / "old") == ["summary.md"]
+
+
+def test_held_out_columns_a_dialogue_does_not_measure_are_nan():
+    rows = [{"condition": "outcome", "seed": 0, "update": u} for u in (1, 2)]
+    measured = {"eval_sampled_success": np.array([0.5]), "eval_greedy_success": np.array([1.0])}
+    loop._add_evaluation(rows, [("outcome", 0)], measured)
+    assert rows[1]["eval_sampled_success"] == 0.5 and rows[1]["eval_greedy_success"] == 1.0
+    assert np.isnan(rows[1]["eval_greedy_violation_rate"])  # ToolWorld's, not a dialogue's
+    assert np.isnan(rows[0]["eval_sampled_success"])  # not evaluated at update 1
