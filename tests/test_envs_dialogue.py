@@ -252,6 +252,7 @@ def _check_oracle_reaches_the_goal_in_the_shortest_dialogue(name):
     metrics = env.episode_metrics(signals, jnp.asarray(played), jnp.asarray(actions))
     assert float(metrics["goal_success"]) == 1 and float(metrics["satisfaction"]) == 5
     assert float(metrics["dialogue_turns"]) == shortest
+    assert float(metrics["collapse_rate"]) == 0  # the oracle queries the catalogue.
 
 
 def _check_random_play_almost_never_reaches_the_goal(name):

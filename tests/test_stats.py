@@ -42,6 +42,16 @@ def test_interval_estimates_iqm_and_mean():
     assert again == out  # seeded bootstrap
 
 
+def test_iqm_is_rliables_to_the_bit():
+    from rliable import metrics
+
+    rng = np.random.default_rng(0)
+    for size in range(1, 30):
+        scores = rng.normal(size=(size, 1)) * 10 ** rng.uniform(-3, 3)
+        scores[: size // 3] = scores[0]  # ties
+        assert stats.iqm(scores) == metrics.aggregate_iqm(scores)
+
+
 def test_pairwise_comparisons_separated_and_identical():
     scores = {"hi": [0.9, 0.8, 0.95, 0.85, 0.9, 0.99], "lo": [0.1, 0.0, 0.2, 0.1, 0.05, 0.15]}
     scores["same"] = list(scores["lo"])

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import os
 import time
+from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
@@ -193,6 +194,7 @@ def run_and_report(
     experience: str = "env_turns_total",
     initial_params: Any = None,
     initial_params_config: Any = None,
+    write_report: Callable[[list[dict[str, Any]], str], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Trains every run (seeds in parallel), then writes metrics.csv, curves.png, summary.*.
 
@@ -203,6 +205,8 @@ def run_and_report(
     (`report.summarize`); with `report.TOTAL_TURNS` the rows gain it
     (`report.with_total_turns`: labels' turns count). `initial_params` /
     `initial_params_config`: each seed's starting policy, see `loop.run`.
+    `write_report(rows, workdir) -> summary` replaces `write_training_report` (a study's
+    own report; metrics.csv is written either way).
     """
     if int(config.seeds) < 1:
         raise ValueError(f"config.seeds must be >= 1, got {config.seeds}.")
@@ -230,7 +234,11 @@ def run_and_report(
             diverged.append(f"{run.name}: {error}")
         labels = dict(zip(conditions, run.conditions, strict=True))
         rows += [{**row, "condition": labels[row["condition"]]} for row in run_rows]
-    summary = write_training_report(rows, workdir, title=title, experience=experience)
+    if write_report is None:
+        summary = write_training_report(rows, workdir, title=title, experience=experience)
+    else:
+        write_metrics(rows, workdir)
+        summary = write_report(rows, workdir)
     provenance.write(
         workdir, provenance.finish({**record, "wall_s": round(time.time() - start, 1)})
     )
@@ -260,9 +268,7 @@ def write_training_report(
     summary.json of training rows (`report.summarize`); prints the table."""
     if experience == report.TOTAL_TURNS:
         rows = report.with_total_turns(rows)
-    merged = MetricWriter(workdir, tensorboard=False)
-    merged.clear()
-    merged.write(rows)
+    write_metrics(rows, workdir)
     report.plot_curves(
         rows, os.path.join(workdir, "curves.png"), title=title, experience=experience
     )
@@ -277,6 +283,13 @@ def write_training_report(
     )
     print(preface + report.markdown_table(summary))
     return summary
+
+
+def write_metrics(rows: Sequence[Mapping[str, Any]], workdir: str) -> None:
+    """metrics.csv of the workdir: every run's rows (replacing an earlier file)."""
+    merged = MetricWriter(workdir, tensorboard=False)
+    merged.clear()
+    merged.write(rows)
 
 
 def prepare(
@@ -325,12 +338,21 @@ def names(text: str, field: str = "conditions", what: str = "reward form") -> li
 
 def ints(text: str, field: str, what: str) -> list[int]:
     """The comma-separated integers of config field `field` (errors name the field)."""
+    return _numbers(text, field, what, int, "an integer")
+
+
+def floats(text: str, field: str, what: str) -> list[float]:
+    """The comma-separated numbers of config field `field` (errors name the field)."""
+    return _numbers(text, field, what, float, "a number")
+
+
+def _numbers(text: str, field: str, what: str, cast: type, kind: str) -> list:
     out = []
     for name in names(text, field, what):
         try:
-            out.append(int(name))
+            out.append(cast(name))
         except ValueError:
-            raise ValueError(f"config.{field}: {name!r} is not an integer {what}.") from None
+            raise ValueError(f"config.{field}: {name!r} is not {kind} {what}.") from None
     return out
 
 

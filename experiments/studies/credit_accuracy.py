@@ -1,6 +1,8 @@
 """The credit-accuracy study: every estimator's credit against Monte-Carlo advantages.
 
-For each policy x horizon x seed, B episodes (groups of `group_size` share a task) are
+For each policy x horizon x seed, B episodes of the environment `config.env.kind`
+(ToolWorld when the config has no `env` section) whose shortest solution is the
+horizon (`experiments.studies.envs.horizon_env`; groups of `group_size` share a task) are
 played, every played turn gets its MC advantage under each reward form
 (`rlagent.credit.mc`), and each estimator's per-turn credit on the same batch is scored
 (`rlagent.credit.accuracy`). One row per policy x horizon x estimator x reward x seed.
@@ -44,14 +46,15 @@ from experiments.studies.common import estimator_config
 from experiments.studies.common import ints
 from experiments.studies.common import lm_setup
 from experiments.studies.common import names
+from experiments.studies.envs import horizon_env
+from experiments.studies.envs import kind_of
 from rlagent.analysis import report
 from rlagent.analysis.stats import format_mean_ci
 from rlagent.credit import accuracy
 from rlagent.credit import lm
 from rlagent.credit import mc
+from rlagent.envs.base import Environment
 from rlagent.envs.base import verdict_of
-from rlagent.envs.toolworld import ToolWorld
-from rlagent.envs.toolworld import horizon_config
 from rlagent.host import provenance
 from rlagent.host.workdir import prepare_workdir
 from rlagent.host.workdir import refuse_resume
@@ -82,29 +85,21 @@ def run(
     """
     if resume:
         raise refuse_resume("experiments.credit_accuracy")
-    base = TrainConfig.from_mapping(
-        {**config.train, "num_groups": config.num_groups, "group_size": config.group_size}
-    )
-    estimators = {
-        spec: estimator_config(base, spec)
-        for spec in names(config.estimators, "estimators", "estimator")
-    }
-    rewards = names(config.rewards, "rewards", "reward form")
-    learned = [r for r in rewards if r in LEARNED_REWARDS]
-    if learned:  # no PRM scores the Monte-Carlo episodes: their learned components are 0
-        raise ValueError(f"config.rewards: {learned} read a process reward model's scores.")
-    horizons, policies = _check_config(config, base, rewards)  # before anything is written
+    study = plan(config)  # config errors before anything is written
     prepare_workdir(workdir, overwrite=overwrite, resumable=False)
-    weights = jnp.stack([reward_weights(base, r) for r in rewards])
+    base = study.base
+    weights = jnp.stack([reward_weights(base, r) for r in study.rewards])
     rows = []
     start = time.time()
-    for horizon in horizons:
-        env = ToolWorld(horizon_config(horizon))
-        for policy_name in policies:
+    for horizon in study.horizons:
+        env = horizon_env(study.kind, horizon)
+        for policy_name in study.policies:
             measure = make_measure(env, policy_name, base, config)
             for seed in range(config.first_seed, config.first_seed + config.seeds):
                 batch = measure(jax.random.key(seed), weights)
-                for (spec, est_config), (r, reward) in _product(estimators.items(), rewards):
+                for (spec, est_config), (r, reward) in _product(
+                    study.estimators.items(), study.rewards
+                ):
                     acc = _score(est_config, batch, r, weights[r])
                     rows.append(
                         dict(
@@ -119,6 +114,42 @@ def run(
                         )
                     )
             print(f"horizon {horizon} {policy_name}: {time.time() - start:.0f}s", flush=True)
+    return _write_report(rows, workdir, config, start)
+
+
+class Plan(NamedTuple):
+    """What a credit-accuracy config asks for, checked (`plan`)."""
+
+    kind: str  # the environment (`config.env.kind`, experiments.studies.envs).
+    base: TrainConfig  # TrainConfig fields every estimator shares (batch of the study).
+    estimators: dict[str, TrainConfig]  # spec (`name` or `name@lam`) -> its TrainConfig.
+    rewards: list[str]  # reward forms the MC target and the estimators see.
+    horizons: list[int]  # shortest episodes in turns.
+    policies: list[str]  # behaviour (and continuation) policies.
+
+
+def plan(config: ml_collections.ConfigDict) -> Plan:
+    """The checked plan of `config`; a bad value is refused naming its field (nothing is
+    computed or written)."""
+    kind = config.get("env", {}).get("kind", "toolworld")
+    kind_of(kind)
+    base = TrainConfig.from_mapping(
+        {**config.train, "num_groups": config.num_groups, "group_size": config.group_size}
+    )
+    estimators = {
+        spec: estimator_config(base, spec)
+        for spec in names(config.estimators, "estimators", "estimator")
+    }
+    rewards = names(config.rewards, "rewards", "reward form")
+    learned = [r for r in rewards if r in LEARNED_REWARDS]
+    if learned:  # no PRM scores the Monte-Carlo episodes: their learned components are 0
+        raise ValueError(f"config.rewards: {learned} read a process reward model's scores.")
+    horizons, policies = _check_config(config, kind, base, rewards)
+    return Plan(kind, base, estimators, rewards, horizons, policies)
+
+
+def _write_report(rows, workdir: str, config, start: float) -> dict[str, Any]:
+    """credit.csv, the two figures, summary.json / summary.md and provenance.json."""
     writer = MetricWriter(workdir, tensorboard=False, filename="credit.csv")
     writer.clear()
     writer.write(rows)
@@ -148,18 +179,21 @@ class _Batch(NamedTuple):
     turns: jax.Array  # [] mean turns per episode.
 
 
-def _check_config(config, base: TrainConfig, rewards: list[str]) -> tuple[list[int], list[str]]:
+def _check_config(
+    config, kind: str, base: TrainConfig, rewards: list[str]
+) -> tuple[list[int], list[str]]:
     """`(horizons, policies)` of the config; a bad value is refused naming its field."""
     if int(config.seeds) < 1:
         raise ValueError(f"config.seeds must be >= 1, got {config.seeds}.")
     horizons = ints(config.horizons, "horizons", "horizon")
+    envs = []
     for horizon in horizons:
         try:
-            horizon_config(horizon)
+            envs.append(horizon_env(kind, horizon))
         except ValueError as error:
             raise ValueError(f"config.horizons: {error}") from None
     policies = names(config.policies, "policies", "policy")
-    probe = ToolWorld(horizon_config(horizons[0]))
+    probe = envs[0]
     check_forms(probe, base, rewards, "config.rewards")
     for name in policies:
         try:
@@ -173,7 +207,7 @@ def _check_config(config, base: TrainConfig, rewards: list[str]) -> tuple[list[i
     return horizons, policies
 
 
-def make_measure(env: ToolWorld, name: str, base: TrainConfig, config) -> Callable:
+def make_measure(env: Environment, name: str, base: TrainConfig, config) -> Callable:
     """`measure(key, weights [R, C]) -> _Batch` for the policy called `name`.
 
     `random` and `prover_<eps>` act on the environment state; `ppo_<k>` is the policy LM
@@ -198,7 +232,7 @@ def make_measure(env: ToolWorld, name: str, base: TrainConfig, config) -> Callab
 
 
 @functools.cache
-def _lm_measure(env: ToolWorld, setup: LMSetup, base: TrainConfig, sampling) -> Callable:
+def _lm_measure(env: Environment, setup: LMSetup, base: TrainConfig, sampling) -> Callable:
     """One compiled measurement per environment, shared by every LM checkpoint."""
     rollout = make_rollout(env, setup.graphdef, setup.rollout_config, with_carries=True)
 

@@ -56,7 +56,10 @@ def env_section(kind: str, **values: Any) -> ml_collections.ConfigDict:
     fields = section(spec.config, **values)
     out = ml_collections.ConfigDict({"kind": kind})
     for name in fields:
-        out[name] = section(spec.nested[name], **nested[name]) if name in nested else fields[name]
+        # The reference keeps a None default's typed placeholder (overridable by flag).
+        out[name] = (
+            section(spec.nested[name], **nested[name]) if name in nested else fields.get_ref(name)
+        )
     return out
 
 

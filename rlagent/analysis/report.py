@@ -47,6 +47,7 @@ def summarize(
     final_fraction: float = 0.1,
     reps: int = 2000,
     experience: str = "env_turns_total",
+    extra: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Per-condition summary and pairwise comparisons of `metric` (success by default).
 
@@ -62,12 +63,13 @@ def summarize(
     `diverged_seeds` counts seeds whose training stopped on a non-finite loss or gradient
     (their numbers end there; the table marks the condition). `experience` is the row key
     of the x-axis: `env_turns_total`, or `TOTAL_TURNS` (`with_total_turns`: labelling
-    continuations counted too).
+    continuations counted too). `extra` names more row metrics (an env's own), each
+    averaged per seed over the final updates and summarised like `final_<metric>`.
 
     Returns {"conditions": {name: entry}, "comparisons": [...], "settings": {...}} where
-    an entry holds `num_seeds`, `seeds`, `per_seed` (lists in seed order), `final_<metric>`
-    and `auc` ({"iqm", "mean"} each {"value", "low", "high"}: bootstrap 95% CIs),
-    `takeoff` (final value >= `takeoff`; Clopper-Pearson 95%), `turns_to_<p>`
+    an entry holds `num_seeds`, `seeds`, `per_seed` (lists in seed order), `final_<metric>`,
+    `auc` and the `extra` keys ({"iqm", "mean"} each {"value", "low", "high"}: bootstrap
+    95% CIs), `takeoff` (final value >= `takeoff`; Clopper-Pearson 95%), `turns_to_<p>`
     (`stats.censored_summary`) and the means with CIs of the other metrics; comparisons
     are `stats.pairwise_comparisons` of the final values.
     """
@@ -82,7 +84,7 @@ def summarize(
         for seed_rows in seeds:
             values = _seed_values(
                 seed_rows, metric=metric, thresholds=thresholds, final_fraction=final_fraction,
-                budget=budget, experience=experience,
+                budget=budget, experience=experience, extra=extra,
             )  # fmt: skip
             for key, value in values.items():
                 per_seed[key].append(value)
@@ -92,7 +94,7 @@ def summarize(
             for seed_rows in seeds
         )
         entry["per_seed"] = dict(per_seed)
-        entry.update(_intervals(condition, per_seed, len(seeds), final_key, reps))
+        entry.update(_intervals(condition, per_seed, len(seeds), (final_key, *extra), reps))
         entry["takeoff"] = stats.takeoff_rate(per_seed[final_key], takeoff)
         for p in thresholds:
             entry[_turns_key(p)] = stats.censored_summary(
@@ -126,6 +128,7 @@ def _seed_values(
     final_fraction: float,
     budget: float,
     experience: str,
+    extra: Sequence[str] = (),
 ) -> dict[str, Any]:
     """One seed's quantities of `summarize` (see there), in the summary's key order."""
     values = [float(r[metric]) for r in seed_rows]
@@ -142,6 +145,8 @@ def _seed_values(
     for key in _FINAL_METRICS:
         if key in seed_rows[0]:
             out[key] = final_mean(seed_rows, key, final_fraction)
+    for key in extra:
+        out[key] = final_mean(seed_rows, key, final_fraction)
     for key in EVAL_SUCCESS:
         evaluated = [float(r[key]) for r in seed_rows if np.isfinite(r.get(key, np.nan))]
         if evaluated:
@@ -151,13 +156,13 @@ def _seed_values(
     return out
 
 
-def _intervals(condition, per_seed, num_seeds, final_key, reps) -> dict[str, Any]:
-    """Bootstrap IQM and mean of the final value, the AUC and the held-out successes every
-    seed was evaluated on."""
+def _intervals(condition, per_seed, num_seeds, final_keys, reps) -> dict[str, Any]:
+    """Bootstrap IQM and mean of the final values (`final_keys`: the metric's and the
+    extra ones), the AUC and the held-out successes every seed was evaluated on."""
     evaluated = [k for k in EVAL_SUCCESS if len(per_seed[k]) == num_seeds]
     return {
         key: stats.interval_estimates({condition: per_seed[key]}, reps=reps)[condition]
-        for key in (final_key, "auc", *evaluated)
+        for key in (*final_keys[:1], "auc", *evaluated, *final_keys[1:])
     }
 
 
@@ -270,6 +275,24 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
         "turns to p: median over all seeds, unreached seeds censored at that budget.\n"
     )
     return table
+
+
+def extra_table(summary: Mapping[str, Any], headers: Mapping[str, str]) -> str:
+    """Markdown: one row per condition with the IQM [95% CI] of each `extra` metric of
+    `summarize` (`headers`: metric -> column title) and the mean collapse rate when every
+    condition measured it."""
+    entries = summary["conditions"]
+    collapse = all("collapse_rate" in entry for entry in entries.values())
+    header = ["condition", "seeds", *headers.values()]
+    header += ["collapse rate: mean [95% CI]"] if collapse else []
+    rows = []
+    for condition, entry in entries.items():
+        cells = [condition, str(entry["num_seeds"])]
+        cells += [_interval(entry[key]["iqm"]) for key in headers]
+        cells += [_interval(entry["collapse_rate"])] if collapse else []
+        rows.append(cells)
+    lines = markdown_rows(header, rows)
+    return "\n".join(lines) + "\n"
 
 
 def plot_curves(

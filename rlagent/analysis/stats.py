@@ -59,7 +59,7 @@ def interval_estimates(
     score_dict = {name: _column(values, name) for name, values in scores.items()}
 
     def aggregate(x):
-        return np.array([metrics.aggregate_iqm(x), metrics.aggregate_mean(x)])
+        return np.array([iqm(x), metrics.aggregate_mean(x)])
 
     with _seeded_numpy(seed):
         points, intervals = rly.get_interval_estimates(
@@ -76,6 +76,17 @@ def interval_estimates(
             for i, metric in enumerate(("iqm", "mean"))
         }
     return out
+
+
+def iqm(scores: np.ndarray) -> float:
+    """rliable's `metrics.aggregate_iqm`, the 25% trimmed mean over every score, computed
+    as `scipy.stats.trim_mean(scores, 0.25, axis=None)` computes it (the same partition and
+    mean, so the same float) without scipy's per-call argument handling, which took about
+    nine tenths of a bootstrap's time (2,000 calls per interval)."""
+    flat = np.asarray(scores).ravel()
+    cut = int(0.25 * flat.shape[0])
+    kept = np.partition(flat, (cut, flat.shape[0] - cut - 1))[cut : flat.shape[0] - cut]
+    return np.mean(kept)
 
 
 def mean_ci(values: Sequence[float], confidence: float = 0.95) -> dict[str, float]:

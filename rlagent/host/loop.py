@@ -369,8 +369,8 @@ def _trainer(
 def _add_evaluation(new_rows, runs, metrics) -> None:
     """Puts the evaluation `metrics` ([runs] per name) on each run's last row of the chunk.
 
-    Every row gets every evaluation column (NaN where not evaluated), so that the CSV keeps
-    one set of keys.
+    Every row gets every evaluation column (NaN where not evaluated, or not measured by the
+    environment's `episode_metrics`), so that the CSV keeps one set of keys.
     """
     names = [f"eval_{p}_{m}" for p in ("sampled", "greedy") for m in EVAL_METRICS]
     last_update = max(row["update"] for row in new_rows)
@@ -378,7 +378,7 @@ def _add_evaluation(new_rows, runs, metrics) -> None:
     for row in new_rows:
         i = runs.index((row["condition"], row["seed"]))
         for name in names:
-            evaluated = values is not None and row["update"] == last_update
+            evaluated = values is not None and row["update"] == last_update and name in values
             row[name] = float(values[name][i]) if evaluated else float("nan")
 
 

@@ -187,9 +187,12 @@ class DialogueEnv:
         Per dialogue: goal success, satisfaction (stars, 3 + 2 rating, of dialogues that
         ended), factuality / coherence / format errors, turns and turns past the shortest
         dialogue; per played turn: the verdict, the rate of thumbs and of thumbs up.
+        `collapse_rate` is the fraction of dialogues (`action_tokens [B, S, L]`) that never
+        query the catalogue: a policy that gives up (bye at once) makes no factual or
+        coherence error, so read the error counts next to it.
         """
-        del action_tokens
         valid = turn_mask.astype(jnp.float32)
+        queries = (action_tokens == dsl.token("query")) & turn_mask[..., None]
 
         def per_dialogue(name):
             return jnp.mean(jnp.sum(signals[name] * valid, axis=1))
@@ -208,6 +211,7 @@ class DialogueEnv:
             "feedback_rate": jnp.sum(thumbs) / turns,
             "thumbs_up_rate": jnp.sum(thumbs & (signals["feedback"] > 0))
             / jnp.maximum(jnp.sum(thumbs), 1),
+            "collapse_rate": jnp.mean(~jnp.any(queries, axis=(1, 2))),
         }
 
     def oracle_action(self, state: State) -> jax.Array:
