@@ -392,8 +392,7 @@ class LMSetup(NamedTuple):
 
 
 @functools.cache
-def _lm_setup_cached(vocab_size: int, model: tuple, rollout: tuple) -> LMSetup:
-    policy_config = PolicyConfig(**{"vocab_size": vocab_size, **dict(model)})
+def _lm_setup_cached(policy_config: PolicyConfig, rollout: tuple) -> LMSetup:
     rollout_config = RolloutConfig(**dict(rollout))
     abstract = nnx.eval_shape(lambda: Policy(policy_config, rngs=nnx.Rngs(0)))
     return LMSetup(policy_config, rollout_config, nnx.split(abstract)[0])
@@ -402,11 +401,7 @@ def _lm_setup_cached(vocab_size: int, model: tuple, rollout: tuple) -> LMSetup:
 def lm_setup(config, env: Environment) -> LMSetup:
     """Policy and rollout configs of the LM policies over `env`'s vocabulary (one graph
     for every horizon)."""
-    return _lm_setup_cached(
-        policy_config(env, config.model).vocab_size,
-        tuple(sorted((k, v) for k, v in config.model.items() if k != "vocab_size")),
-        tuple(sorted(config.rollout.items())),
-    )
+    return _lm_setup_cached(policy_config(env, config.model), tuple(sorted(config.rollout.items())))
 
 
 def checkpoint(env: Environment, setup: LMSetup, config, num_updates: int):

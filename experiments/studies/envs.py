@@ -63,22 +63,15 @@ def env_section(kind: str, **values: Any) -> ml_collections.ConfigDict:
     return out
 
 
-def env_config(values: Mapping[str, Any]):
-    """The config dataclass of an `env` section (errors name the section's fields)."""
+def make_env(values: Mapping[str, Any]):
+    """The environment of an `env` section (errors name the section's fields)."""
     values = dict(values)
     spec = kind_of(values.pop("kind", "toolworld"))
     for name, cls in spec.nested.items():
         inner = values.get(name)
         if isinstance(inner, (Mapping, ml_collections.ConfigDict)):
             values[name] = make(cls, dict(inner.items()), f"env.{name}")
-    return make(spec.config, values, "env")
-
-
-def make_env(values: Mapping[str, Any]):
-    """The environment of an `env` section."""
-    config = env_config(values)
-    kind = dict(values).get("kind", "toolworld")
-    return kind_of(kind).make(config)
+    return spec.make(make(spec.config, values, "env"))
 
 
 def horizon_env(kind: str, horizon: int):

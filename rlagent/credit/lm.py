@@ -14,6 +14,7 @@ here (per-turn mixtures of environment-level policies are in `mc.mixture`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -26,6 +27,7 @@ from rlagent.models.llama import KVCache
 from rlagent.rollout import RolloutCarry
 from rlagent.rollout import RolloutConfig
 from rlagent.rollout import make_continue
+from rlagent.types import Trajectory
 
 
 def forks_from_carries(carries: RolloutCarry) -> RolloutCarry:
@@ -44,7 +46,7 @@ def forks_from_carries(carries: RolloutCarry) -> RolloutCarry:
             )
         return jnp.swapaxes(node, 0, 1)
 
-    return jax.tree.map(batch_major, carries, is_leaf=is_cache)
+    return jax.tree.map(batch_major, carries, is_leaf=_is_cache)
 
 
 def play_policy(
@@ -83,10 +85,7 @@ def play_policy(
 
     def one(carry: Any, key: jax.Array) -> mc.TurnSignals:
         start = env.episode_turn(carry.env_state)
-        single = jax.tree.map(batch_of_one, carry, is_leaf=is_cache)
-        # Past max_turns the environment is absorbing and the turns are masked: running
-        # S turns from any start keeps one compiled program for every fork.
-        traj = continue_(params, single, start, key[None], num_turns=num_turns)
+        traj = continue_fork(continue_, params, carry, start, key, num_turns)
         return _at_absolute_turns(mc.trajectory_signals(traj), start, num_turns)
 
     def play(carries: Any, keys: jax.Array) -> mc.TurnSignals:
@@ -104,11 +103,24 @@ def play_policy(
     return play
 
 
-def is_cache(node) -> bool:
+def continue_fork(
+    continue_: Callable, params: Any, carry: Any, start: jax.Array, key: jax.Array,
+    num_turns: int,
+) -> Trajectory:  # fmt: skip
+    """One fork (a carry of `forks_from_carries`, batch axis dropped) continued by
+    `continue_ = rollout.make_continue(...)` from turn `start` for `num_turns` turns: a
+    trajectory with a batch of one. Past max_turns the environment is absorbing and the
+    turns are masked, so running S turns from any start keeps one compiled program for
+    every fork."""
+    single = jax.tree.map(_batch_of_one, carry, is_leaf=_is_cache)
+    return continue_(params, single, start, key[None], num_turns=num_turns)
+
+
+def _is_cache(node) -> bool:
     return isinstance(node, KVCache)
 
 
-def batch_of_one(node):
+def _batch_of_one(node):
     """One fork's carry (batch axis dropped) -> a batch of one, layer-major KV caches."""
     if isinstance(node, KVCache):
         return KVCache(k=node.k[:, None], v=node.v[:, None], valid=node.valid[None])

@@ -1,6 +1,6 @@
 """Online DPO / RLAIF: every iteration samples episodes, a judge ranks them, DPO learns.
 
-`make_online_dpo(config, env, policy_config, rollout_config, judge=, reward_config=)`
+`make_online_dpo(config, env, policy_config, rollout_config, judge=)`
 returns pure `init`, `update`, `updates` (as the PPO trainer: jit- and vmap-able; the
 judge's weights and accuracy are data in the state, so judges that differ only in them
 train side by side in one program). One iteration:
@@ -33,9 +33,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rlagent.credit.lm import batch_of_one
+from rlagent.credit.lm import continue_fork
 from rlagent.credit.lm import forks_from_carries
-from rlagent.credit.lm import is_cache
 from rlagent.models import Policy
 from rlagent.models import PolicyConfig
 from rlagent.preference import pairs as pairing
@@ -85,12 +84,10 @@ class _Candidates(NamedTuple):
 
 def make_online_dpo(
     config: DPOConfig, env: Any, policy_config: PolicyConfig, rollout_config: RolloutConfig, *,
-    judge: Judge, reward_config: Any = None,
+    judge: Judge,
 ) -> OnlineDPO:  # fmt: skip
-    """Builds the online DPO trainer (see the module docstring); `reward_config` is unused
-    by the trainer itself (the judge closes over its own) and kept out of the signature's
-    positional part on purpose."""
-    del reward_config
+    """Builds the online DPO trainer (see the module docstring); the judge closes over
+    its own reward config."""
     if config.pairs == "fork" and judge.needs_carries:
         raise ValueError(
             "DPOConfig.pairs='fork' splices continuations, which have no rollout carries of "
@@ -199,8 +196,7 @@ def _sampler(config: DPOConfig, env, graphdef, rollout_config, needs_carries: bo
         carry = jax.tree.map(lambda x: x[rows, start], forks)
 
         def one(carry, start, key):
-            single = jax.tree.map(batch_of_one, carry, is_leaf=is_cache)
-            return continue_(params, single, start, key[None], num_turns=num_turns)
+            return continue_fork(continue_, params, carry, start, key, num_turns)
 
         branches = jax.vmap(one)(carry, start, jax.random.split(branch_key, groups * size))
         branches = jax.tree.map(lambda x: x[:, 0], branches)
