@@ -1,0 +1,177 @@
+"""Paired comparisons of two policies on the same tasks (an A/B test), and pass@k / pass^k.
+
+In an A/B test both arms play the same held-out tasks with the same keys, so the unit of
+analysis is the task: per task i a score `a_i` of arm A and `b_i` of arm B (a success
+rate over k samples, violations per episode, ...). Pairing removes the between-task
+variance (an easy task is easy for both arms), which an unpaired comparison would count
+as noise.
+
+- `paired_bootstrap`: mean difference `mean(b - a)` with a percentile bootstrap CI that
+  resamples tasks, keeping each task's pair together (Efron & Tibshirani 1993, ch. 13).
+- `sign_flip_test`: the paired permutation test of `mean(b - a) = 0`: under the null the
+  sign of each task's difference is exchangeable (Fisher 1935; Good 2005, ch. 3); exact
+  over all `2^n` sign vectors when n is small, Monte-Carlo otherwise with the
+  `(hits + 1) / (draws + 1)` p-value that never reads 0 (Phipson & Smyth 2010).
+- `pass_at_k`: the unbiased estimator `1 - C(n - c, k) / C(n, k)` of the probability that
+  at least one of k samples succeeds, from n >= k samples with c successes (Chen et al.
+  2021, "Evaluating large language models trained on code").
+- `pass_hat_k`: the unbiased estimator `C(c, k) / C(n, k)` of the probability that all
+  k samples succeed, the reliability metric pass^k of tau-bench (Yao et al. 2024).
+- `compare`: one metric of both arms: means, the paired difference with its CI, the
+  sign-flip p-value; `verdict` turns it into one line.
+
+Everything runs on the host in NumPy; nothing here is traced.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+# Tasks up to which `sign_flip_test` enumerates every sign vector (2^16 = 65,536).
+EXACT_LIMIT = 16
+
+
+def paired_bootstrap(
+    a: Sequence[float],
+    b: Sequence[float],
+    *,
+    reps: int = 10_000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> dict[str, float]:
+    """`mean(b - a)` over tasks with a percentile bootstrap CI that resamples tasks.
+
+    Args:
+      a, b: `[n]` per-task scores of arms A and B on the same tasks (pairs by index).
+      reps: bootstrap resamples.
+      confidence: interval size.
+      seed: NumPy seed (reproducible intervals).
+    Returns:
+      {"value", "low", "high"}: the observed mean difference and its interval.
+    """
+    diff = _differences(a, b)
+    rng = np.random.default_rng(seed)
+    index = rng.integers(0, diff.size, size=(reps, diff.size))
+    means = diff[index].mean(axis=1)
+    tail = 100 * (1 - confidence) / 2
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return {"value": float(diff.mean()), "low": float(low), "high": float(high)}
+
+
+def sign_flip_test(
+    a: Sequence[float], b: Sequence[float], *, draws: int = 100_000, seed: int = 0
+) -> float:
+    """Two-sided p-value of the paired permutation (sign-flip) test of `mean(b - a) = 0`.
+
+    The statistic is `|mean(d)|`, `d = b - a`; under the null each `d_i` is as likely as
+    `-d_i`. Tasks with `d_i = 0` move no sum, so the test is exact (every sign vector of
+    the nonzero differences) for at most `EXACT_LIMIT` of them, else `draws` random sign
+    vectors give p = (hits + 1) / (draws + 1). Ties of the statistic count as hits
+    (within a relative 1e-9, so that float rounding of equal sums does not split them).
+    """
+    diff = _differences(a, b)
+    diff = diff[diff != 0]
+    if not diff.size:
+        return 1.0
+    observed = abs(diff.sum()) * (1 - 1e-9)
+    if diff.size <= EXACT_LIMIT:
+        signs = np.array(list(itertools.product((1.0, -1.0), repeat=diff.size)))
+        return float(np.mean(np.abs(signs @ diff) >= observed))
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for start in range(0, draws, 10_000):  # chunks keep the sign matrix small
+        size = min(10_000, draws - start)
+        signs = rng.choice((-1.0, 1.0), size=(size, diff.size))
+        hits += int(np.sum(np.abs(signs @ diff) >= observed))
+    return (hits + 1) / (draws + 1)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """P(at least one of k samples succeeds), unbiased from n samples with c successes:
+    `1 - C(n - c, k) / C(n, k)` (Chen et al. 2021); needs `1 <= k <= n`, `0 <= c <= n`."""
+    _check_counts(n, c, k)
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_hat_k(n: int, c: int, k: int) -> float:
+    """P(all k samples succeed), unbiased from n samples with c successes:
+    `C(c, k) / C(n, k)` (pass^k, Yao et al. 2024); needs `1 <= k <= n`, `0 <= c <= n`."""
+    _check_counts(n, c, k)
+    return math.comb(c, k) / math.comb(n, k)
+
+
+def per_task_pass(successes: np.ndarray, k: int) -> dict[str, np.ndarray]:
+    """`{"pass@k", "pass^k"}`: `[tasks]` estimates from `successes [tasks, n]` (bool)."""
+    successes = np.asarray(successes, bool)
+    if successes.ndim != 2:
+        raise ValueError(f"successes must be [tasks, samples], got shape {successes.shape}.")
+    n = successes.shape[1]
+    counts = successes.sum(axis=1)
+    return {
+        f"pass@{k}": np.array([pass_at_k(n, int(c), k) for c in counts]),
+        f"pass^{k}": np.array([pass_hat_k(n, int(c), k) for c in counts]),
+    }
+
+
+def compare(
+    a: Sequence[float],
+    b: Sequence[float],
+    *,
+    higher_is_better: bool = True,
+    reps: int = 10_000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """One metric of both arms on the same tasks.
+
+    Returns {"a", "b": mean per arm, "diff": `paired_bootstrap` of b - a, "p_value":
+    `sign_flip_test`, "higher_is_better", "tasks"}.
+    """
+    return {
+        "a": float(np.mean(a)),
+        "b": float(np.mean(b)),
+        "diff": paired_bootstrap(a, b, reps=reps, seed=seed),
+        "p_value": sign_flip_test(a, b, seed=seed),
+        "higher_is_better": bool(higher_is_better),
+        "tasks": int(np.size(a)),
+    }
+
+
+def verdict(
+    metric: str, comparison: dict[str, Any], *, alpha: float = 0.05, p_key: str = "p_value"
+) -> str:
+    """One line: `B better than A on success: +0.12 [0.05, 0.19], p = 0.003`.
+
+    "better" / "worse" follow the metric's direction (`higher_is_better`) and need
+    `comparison[p_key] < alpha`; otherwise the line says no significant difference.
+    """
+    diff, p = comparison["diff"], comparison[p_key]
+    numbers = f"{diff['value']:+.3f} [{diff['low']:+.3f}, {diff['high']:+.3f}], p = {p:.3g}"
+    if p >= alpha or diff["value"] == 0:
+        return f"No significant difference between B and A on {metric}: {numbers}"
+    improved = (diff["value"] > 0) == comparison["higher_is_better"]
+    return f"B {'better' if improved else 'worse'} than A on {metric}: {numbers}"
+
+
+def _differences(a: Sequence[float], b: Sequence[float]) -> np.ndarray:
+    x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if x.ndim != 1 or x.shape != y.shape or x.size == 0:
+        raise ValueError(
+            f"a and b must be non-empty 1-D arrays of one length, got {x.shape}, {y.shape}."
+        )
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+        raise ValueError("a and b must be finite.")
+    return y - x
+
+
+def _check_counts(n: int, c: int, k: int) -> None:
+    if not 1 <= k <= n:
+        raise ValueError(f"pass estimates need 1 <= k <= n, got k={k}, n={n}.")
+    if not 0 <= c <= n:
+        raise ValueError(f"successes c must be in [0, n], got c={c}, n={n}.")
