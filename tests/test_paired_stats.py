@@ -121,6 +121,8 @@ def test_compare_and_verdict_lines():
     assert line.endswith("p = 0.000488")
     worse = paired.compare(a, b, higher_is_better=False)
     assert paired.verdict("violations", worse).startswith("B worse than A on violations")
+    neutral = paired.compare(a, b, higher_is_better=None)
+    assert paired.verdict("turns", neutral).startswith("B differs from A on turns: +0.600")
     same = paired.compare(a, np.r_[1.0, np.zeros(19)])
     assert paired.verdict("success", same).startswith("No significant difference")
     with pytest.raises(ValueError, match="one length"):

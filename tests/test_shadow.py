@@ -278,3 +278,35 @@ def test_checkpoints_round_trip_and_refusals(played, tmp_path):
         shadow.load_checkpoint(f"{folder}#x/1")
     with pytest.raises(ValueError, match="not a run folder"):
         shadow.load_checkpoint(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_shadow_study_serves_trains_and_tests_a_new_version(played, tmp_path):
+    """End to end: serve a tiny random policy, train v1 from its log, estimate, A/B."""
+    from experiments.configs import shadow as shadow_config
+    from experiments.studies import shadow as shadow_study
+
+    env, rollout_config, graphdef, params, _, _ = played
+    served = str(tmp_path / "v0")
+    model = dataclasses.asdict(nnx.merge(graphdef, params).config)
+    stored = {"env": dataclasses.asdict(env.config), "model": model,
+              "rollout": dataclasses.asdict(rollout_config)}  # fmt: skip
+    shadow.save_checkpoint(served, params, stored, step=1)
+    config = shadow_config.get_config()
+    # The random policy rarely succeeds: the guardrail judge (success - violations) ranks
+    # its episodes, and RS-SFT accepts every one of them.
+    config.update(policy=served, rounds=2, tasks_per_round=2, samples=4, judge="guardrail",
+                  accept=-10.0)  # fmt: skip
+    config.sft.update(steps=2, batch_size=2)
+    config.dpo.update(num_updates=2, pairs_per_step=2)
+    config.ab.update(tasks=2, samples=4, greedy=False, reps=100)
+    workdir = str(tmp_path / "shadow")
+    summary = shadow_study.run(config, workdir)
+    assert len(shadow.read_log(os.path.join(workdir, "shadow_log.jsonl")).records) == 16
+    assert summary["serving"]["episodes"] == 16
+    assert summary["ope"]["v0"]["is"]["value"] == pytest.approx(
+        summary["serving"]["success"]["value"], abs=1e-3
+    )  # v0 on its own log: every weight is 1
+    for name in ("v1_rs_sft", "v1_dpo"):
+        assert shadow.load_checkpoint(os.path.join(workdir, name)).step == 1
+        assert summary["ab"][name]["verdict"]

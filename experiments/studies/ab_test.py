@@ -35,6 +35,7 @@ import numpy as np
 
 from experiments.studies.envs import KINDS
 from experiments.studies.envs import make_env
+from experiments.studies.sections import make
 from rlagent.analysis import paired
 from rlagent.analysis.stats import holm
 from rlagent.host import provenance
@@ -47,12 +48,13 @@ from rlagent.rollout import make_rollout
 from rlagent.train.evaluation import eval_keys
 from rlagent.train.ppo import policy_graphdef
 
-# Metrics per episode: (name, higher is better); those the environment lacks are left out.
+# Metrics per episode: (name, higher is better: None for turns, which giving up shortens);
+# those the environment lacks are left out.
 METRICS = (
     ("success", True),
     ("greedy success", True),
     ("violations", False),
-    ("turns", False),
+    ("turns", None),
     ("satisfaction", True),
 )
 PRIMARY = "success"
@@ -91,7 +93,7 @@ def run(
             arm.name: {
                 "version": arm.checkpoint.version,
                 "env": provenance.resolved(env=arm.env.config)["env"],
-                "checkpoint_provenance": provenance.read(_folder(arm_spec)),
+                "checkpoint_provenance": provenance.read(folder(arm_spec)),
             }
             for arm, arm_spec in ((arm_a, config.a), (arm_b, config.b))
         },
@@ -116,7 +118,7 @@ def load_arm(name: str, spec: str, guardrail: str = "") -> Arm:
             raise ValueError(f"guardrail_{name.lower()}: {section['kind']} has no guardrail field")
         section["guardrail"] = guardrail
     env = make_env(section)
-    rollout = RolloutConfig(**checkpoint.config["rollout"])
+    rollout = make(RolloutConfig, checkpoint.config["rollout"], "rollout")
     if getattr(env, "requires_constrained", False):
         rollout = dataclasses.replace(rollout, constrained=True)
     return Arm(name, checkpoint, env, rollout)
@@ -149,9 +151,10 @@ def compare_arms(arm_a: Arm, arm_b: Arm, config: ml_collections.ConfigDict) -> d
         raise ValueError(
             f"config.tasks must be >= 2 and config.samples >= 1, got {tasks}, {samples}"
         )
+    sides = {"A": arm_a, "B": arm_b}
     per_task = {
-        arm.name: play_arm(arm, tasks, samples, int(config.heldout_set), greedy=bool(config.greedy))
-        for arm in (arm_a, arm_b)
+        side: play_arm(arm, tasks, samples, int(config.heldout_set), greedy=bool(config.greedy))
+        for side, arm in sides.items()
     }
     names = [(m, up) for m, up in METRICS if m in per_task["A"] and m in per_task["B"]]
     comparisons = {
@@ -165,11 +168,8 @@ def compare_arms(arm_a: Arm, arm_b: Arm, config: ml_collections.ConfigDict) -> d
         for m, up in names
     }
     secondary = [m for m in comparisons if m != PRIMARY]
-    for m, p in zip(
-        secondary,
-        holm([comparisons[m]["p_value"] for m in secondary]) if secondary else [],
-        strict=True,
-    ):
+    adjusted = holm([comparisons[m]["p_value"] for m in secondary]) if secondary else []
+    for m, p in zip(secondary, adjusted, strict=True):
         comparisons[m]["p_holm"] = float(p)
     comparisons[PRIMARY]["p_holm"] = comparisons[PRIMARY]["p_value"]  # the one primary test
     passes = {}
@@ -189,11 +189,12 @@ def compare_arms(arm_a: Arm, arm_b: Arm, config: ml_collections.ConfigDict) -> d
             paired.verdict(m, c, alpha=alpha, p_key="p_holm") for m, c in comparisons.items()
         ],
         "arms": {
-            arm.name: {
+            side: {
+                "name": arm.name,
                 "version": arm.checkpoint.version,
                 "guardrail": getattr(arm.env.config, "guardrail", None),
             }
-            for arm in (arm_a, arm_b)
+            for side, arm in sides.items()
         },
         "tasks": tasks,
         "samples": samples,
@@ -220,15 +221,11 @@ def play_arm(
         -1, *policy_keys.shape[1:]
     )
     params = arm.checkpoint.params
-    sampled = _rollout(arm.env, arm.checkpoint.config["model"], arm.rollout_config)(
-        params, keys, sample_keys
-    )
-    episodes = episode_values(sampled)
+    episodes = episode_values(rollout_of(arm)(params, keys, sample_keys))
     out = {m: v.reshape(tasks, samples).mean(axis=1) for m, v in episodes.items()}
     out["successes"] = episodes["success"].reshape(tasks, samples) > 0.5
     if greedy:
-        greedy_config = dataclasses.replace(arm.rollout_config, temperature=0.0)
-        play = _rollout(arm.env, arm.checkpoint.config["model"], greedy_config)
+        play = rollout_of(arm, greedy=True)
         out["greedy success"] = episode_values(play(params, env_keys, policy_keys))["success"]
     return out
 
@@ -263,12 +260,13 @@ def markdown(summary: Mapping[str, Any]) -> str:
         f"**{summary['verdict']}**",
         "",
         *[
-            f"- A: `{arms['A']['version']}` (guardrail {arms['A']['guardrail']})",
-            f"- B: `{arms['B']['version']}` (guardrail {arms['B']['guardrail']})",
+            f"- {side}: {arm['name']} `{arm['version']}` (guardrail {arm['guardrail']})"
+            for side, arm in arms.items()
         ],
         "",
         f"{summary['tasks']} held-out tasks (set {summary['heldout_set']}), "
-        f"{summary['samples']} sampled episodes per task and arm with the same keys, one greedy.",
+        f"{summary['samples']} sampled episodes per task and arm with the same keys"
+        f"{', one greedy' if 'greedy success' in summary['comparisons'] else ''}.",
         "",
         "| metric | A | B | B - A [95% CI] | p | p (Holm) | |",
         "|---|---|---|---|---|---|---|",
@@ -316,22 +314,25 @@ def _shared(config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _folder(spec: str) -> str:
+def folder(spec: str) -> str:
+    """The run folder of a checkpoint spec `RUN_FOLDER[@STEP][#CONDITION/SEED]`."""
     return spec.partition("#")[0].partition("@")[0]
 
 
-@functools.lru_cache(maxsize=8)
-def _rollout_cached(env, model: tuple, rollout_config: RolloutConfig):
-    graphdef = policy_graphdef(PolicyConfig(**dict(model)))
-    return jax.jit(make_rollout(env, graphdef, rollout_config))
+def policy_config_of(arm: Arm) -> PolicyConfig:
+    """The arm's model config (its checkpoint's `model` section)."""
+    return make(PolicyConfig, arm.checkpoint.config["model"], "model")
 
 
-def _rollout(env, model: Mapping[str, Any], rollout_config: RolloutConfig):
-    """The jitted rollout of a policy of `model` (one compile per env and rollout config)."""
-    return _rollout_cached(
-        env, tuple(sorted((k, _hashable(v)) for k, v in model.items())), rollout_config
+def rollout_of(arm: Arm, *, greedy: bool = False):
+    """The jitted rollout of the arm (sampled, or greedy at temperature 0); one compile per
+    model, environment and rollout config."""
+    config = (
+        dataclasses.replace(arm.rollout_config, temperature=0.0) if greedy else arm.rollout_config
     )
+    return _rollout(policy_config_of(arm), arm.env, config)
 
 
-def _hashable(value):
-    return tuple(value) if isinstance(value, list) else value
+@functools.lru_cache(maxsize=8)
+def _rollout(policy_config: PolicyConfig, env, rollout_config: RolloutConfig):
+    return jax.jit(make_rollout(env, policy_graphdef(policy_config), rollout_config))

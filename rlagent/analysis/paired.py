@@ -124,7 +124,7 @@ def compare(
     a: Sequence[float],
     b: Sequence[float],
     *,
-    higher_is_better: bool = True,
+    higher_is_better: bool | None = True,
     reps: int = 10_000,
     seed: int = 0,
 ) -> dict[str, Any]:
@@ -138,7 +138,7 @@ def compare(
         "b": float(np.mean(b)),
         "diff": paired_bootstrap(a, b, reps=reps, seed=seed),
         "p_value": sign_flip_test(a, b, seed=seed),
-        "higher_is_better": bool(higher_is_better),
+        "higher_is_better": higher_is_better,
         "tasks": int(np.size(a)),
     }
 
@@ -148,13 +148,17 @@ def verdict(
 ) -> str:
     """One line: `B better than A on success: +0.12 [0.05, 0.19], p = 0.003`.
 
-    "better" / "worse" follow the metric's direction (`higher_is_better`) and need
-    `comparison[p_key] < alpha`; otherwise the line says no significant difference.
+    "better" / "worse" follow the metric's direction (`higher_is_better`; None: a metric
+    with no better direction, e.g. turns, which a policy that gives up shortens: "differs
+    from") and need `comparison[p_key] < alpha`; otherwise the line says no significant
+    difference.
     """
     diff, p = comparison["diff"], comparison[p_key]
     numbers = f"{diff['value']:+.3f} [{diff['low']:+.3f}, {diff['high']:+.3f}], p = {p:.3g}"
     if p >= alpha or diff["value"] == 0:
         return f"No significant difference between B and A on {metric}: {numbers}"
+    if comparison["higher_is_better"] is None:
+        return f"B differs from A on {metric}: {numbers}"
     improved = (diff["value"] > 0) == comparison["higher_is_better"]
     return f"B {'better' if improved else 'worse'} than A on {metric}: {numbers}"
 
