@@ -115,6 +115,8 @@ def test_compare_and_verdict_lines():
     a, b = np.zeros(20), np.r_[np.ones(12), np.zeros(8)]
     better = paired.compare(a, b)
     assert better["a"] == 0.0 and better["b"] == 0.6 and better["tasks"] == 20
+    assert better["a_interval"] == {"value": 0.0, "low": 0.0, "high": 0.0}
+    assert 0.35 < better["b_interval"]["low"] < 0.6 < better["b_interval"]["high"] < 0.85
     assert better["p_value"] == pytest.approx(2 / 2**12)  # 12 nonzero differences
     line = paired.verdict("success", better)
     assert line.startswith("B better than A on success: +0.600 [")

@@ -37,6 +37,7 @@ from experiments.studies.envs import KINDS
 from experiments.studies.envs import make_env
 from experiments.studies.sections import make
 from rlagent.analysis import paired
+from rlagent.analysis.stats import format_interval
 from rlagent.analysis.stats import holm
 from rlagent.host import provenance
 from rlagent.host import shadow
@@ -260,7 +261,8 @@ def markdown(summary: Mapping[str, Any]) -> str:
         f"**{summary['verdict']}**",
         "",
         *[
-            f"- {side}: {arm['name']} `{arm['version']}` (guardrail {arm['guardrail']})"
+            f"- {side}{'' if arm['name'] == side else ' (' + arm['name'] + ')'}: "
+            f"`{arm['version']}` (guardrail {arm['guardrail']})"
             for side, arm in arms.items()
         ],
         "",
@@ -268,19 +270,24 @@ def markdown(summary: Mapping[str, Any]) -> str:
         f"{summary['samples']} sampled episodes per task and arm with the same keys"
         f"{', one greedy' if 'greedy success' in summary['comparisons'] else ''}.",
         "",
-        "| metric | A | B | B - A [95% CI] | p | p (Holm) | |",
+        "| metric | A [95% CI] | B [95% CI] | B - A [95% CI] | p | p (Holm) | |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, c in summary["comparisons"].items():
         lines.append(_row(name, c, c["p_holm"]))
-    lines += ["", "| pass estimate | A | B | B - A [95% CI] | p | |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| pass estimate | A [95% CI] | B [95% CI] | B - A [95% CI] | p | |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, c in summary["pass"].items():
         lines.append(_row(name, c))
     lines += [
         "",
         *[f"- {line}" for line in summary["lines"]],
         "",
-        "Per task: the mean over its sampled episodes (greedy: one episode); B - A is the "
+        "Per task: the mean over its sampled episodes (greedy: one episode); A and B: the "
+        "mean over tasks with a percentile bootstrap 95% CI over tasks; B - A is the "
         "mean over tasks of the paired difference with a percentile bootstrap 95% CI over "
         "tasks; p: two-sided paired sign-flip test (exact up to 16 tasks that differ, else "
         "Monte Carlo); Holm over the secondary metrics (success is the primary test). "
@@ -294,8 +301,8 @@ def _row(name: str, c: Mapping[str, Any], p_holm: float | None = None) -> str:
     d = c["diff"]
     cells = [
         name,
-        f"{c['a']:.3f}",
-        f"{c['b']:.3f}",
+        format_interval(c["a_interval"]),
+        format_interval(c["b_interval"]),
         f"{d['value']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]",
         f"{c['p_value']:.3g}",
     ]

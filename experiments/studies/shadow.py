@@ -32,6 +32,7 @@ import numpy as np
 
 from experiments.studies import ab_test
 from experiments.studies.sections import make
+from rlagent.analysis.stats import format_interval
 from rlagent.analysis.stats import takeoff_rate
 from rlagent.host import provenance
 from rlagent.host import shadow
@@ -219,7 +220,7 @@ def write_report(summary: dict[str, Any], workdir: str) -> None:
 
 def markdown(summary: dict[str, Any]) -> str:
     serving, training = summary["serving"], summary["training"]
-    fmt = _interval
+    fmt = format_interval
     lines = [
         "# Shadow mode: v0's logs train and evaluate v1",
         "",
@@ -231,15 +232,16 @@ def markdown(summary: dict[str, Any]) -> str:
         f"DPO: {training['v1_dpo']['pairs']} pairs, {training['v1_dpo']['steps']} steps, "
         f"final loss {training['v1_dpo']['dpo_loss_last']:.3f}.",
         "",
-        "| version | held-out sampled success (A/B arm) | OPE: IS [95% CI] | OPE: WIS [95% CI] "
-        "| ESS | largest weight share |",
+        "| version | held-out sampled success (A/B arm) [95% CI] | OPE: IS [95% CI] "
+        "| OPE: WIS [95% CI] | ESS | largest weight share |",
         "|---|---|---|---|---|---|",
     ]
-    truth = {"v0": next(iter(summary["ab"].values()))["comparisons"]["success"]["a"]}
-    truth.update({n: ab["comparisons"]["success"]["b"] for n, ab in summary["ab"].items()})
+    first = next(iter(summary["ab"].values()))["comparisons"]["success"]
+    truth = {"v0": first["a_interval"]}
+    truth.update({n: ab["comparisons"]["success"]["b_interval"] for n, ab in summary["ab"].items()})
     for name, ope in summary["ope"].items():
         lines.append(
-            f"| {name} | {truth[name]:.3f} | {fmt(ope['is'])} | {fmt(ope['wis'])} | "
+            f"| {name} | {fmt(truth[name])} | {fmt(ope['is'])} | {fmt(ope['wis'])} | "
             f"{ope['ess']:.1f} / {ope['episodes']} | {ope['max_weight_share']:.3f} |"
         )
     lines += ["", "A/B tests against v0 on held-out tasks (experiments.studies.ab_test):", ""]
@@ -253,10 +255,6 @@ def markdown(summary: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
-
-
-def _interval(x: dict[str, float]) -> str:
-    return f"{x['value']:.3f} [{x['low']:.3f}, {x['high']:.3f}]"
 
 
 def _model(arm: ab_test.Arm):

@@ -6,6 +6,7 @@ rate over k samples, violations per episode, ...). Pairing removes the between-t
 variance (an easy task is easy for both arms), which an unpaired comparison would count
 as noise.
 
+- `mean_interval`: one arm's mean over tasks with a percentile bootstrap CI over tasks.
 - `paired_bootstrap`: mean difference `mean(b - a)` with a percentile bootstrap CI that
   resamples tasks, keeping each task's pair together (Efron & Tibshirani 1993, ch. 13).
 - `sign_flip_test`: the paired permutation test of `mean(b - a) = 0`: under the null the
@@ -54,13 +55,22 @@ def paired_bootstrap(
     Returns:
       {"value", "low", "high"}: the observed mean difference and its interval.
     """
-    diff = _differences(a, b)
+    return mean_interval(_differences(a, b), reps=reps, confidence=confidence, seed=seed)
+
+
+def mean_interval(
+    values: Sequence[float], *, reps: int = 10_000, confidence: float = 0.95, seed: int = 0
+) -> dict[str, float]:
+    """`{"value", "low", "high"}`: the mean of per-task `values [n]` with a percentile
+    bootstrap CI over tasks (one arm's score, or the paired differences)."""
+    x = np.asarray(values, np.float64)
+    if x.ndim != 1 or x.size == 0 or not np.all(np.isfinite(x)):
+        raise ValueError(f"values must be a non-empty finite 1-D array, got shape {x.shape}.")
     rng = np.random.default_rng(seed)
-    index = rng.integers(0, diff.size, size=(reps, diff.size))
-    means = diff[index].mean(axis=1)
+    means = x[rng.integers(0, x.size, size=(reps, x.size))].mean(axis=1)
     tail = 100 * (1 - confidence) / 2
     low, high = np.percentile(means, [tail, 100 - tail])
-    return {"value": float(diff.mean()), "low": float(low), "high": float(high)}
+    return {"value": float(x.mean()), "low": float(low), "high": float(high)}
 
 
 def sign_flip_test(
@@ -130,12 +140,15 @@ def compare(
 ) -> dict[str, Any]:
     """One metric of both arms on the same tasks.
 
-    Returns {"a", "b": mean per arm, "diff": `paired_bootstrap` of b - a, "p_value":
-    `sign_flip_test`, "higher_is_better", "tasks"}.
+    Returns {"a", "b": mean per arm, "a_interval", "b_interval": their `mean_interval`,
+    "diff": `paired_bootstrap` of b - a, "p_value": `sign_flip_test`, "higher_is_better",
+    "tasks"}.
     """
     return {
         "a": float(np.mean(a)),
         "b": float(np.mean(b)),
+        "a_interval": mean_interval(a, reps=reps, seed=seed),
+        "b_interval": mean_interval(b, reps=reps, seed=seed),
         "diff": paired_bootstrap(a, b, reps=reps, seed=seed),
         "p_value": sign_flip_test(a, b, seed=seed),
         "higher_is_better": higher_is_better,
