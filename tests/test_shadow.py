@@ -152,7 +152,7 @@ def test_sigkill_mid_write_loses_nothing_acknowledged(tmp_path):
         line = child.stdout.readline()
         assert line, "the writer died before acknowledging"
         acknowledged = int(line)
-    time.sleep(0.005)  # into the next batch's write (1 MB) or fsync
+    time.sleep(0.005)  # into the next batch's write (~200 KB) or its fsync
     child.send_signal(signal.SIGKILL)
     child.wait()
     for line in child.stdout.read().split():  # acknowledgements still in the pipe
