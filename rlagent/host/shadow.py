@@ -257,7 +257,7 @@ def make_records(
                 "policy": dict(policy),
                 "env": {
                     "name": env_name(env),
-                    "config": pairing._config_of(env),
+                    "config": pairing.env_config_record(env),
                     "task_key": [int(x) for x in keys[row]],
                 },
                 "dims": pairing.dims_of(env),
@@ -307,7 +307,9 @@ def to_trajectory(records: Sequence[Mapping[str, Any]], env: Environment, *, con
             for name in signals:
                 signals[name][i, t] = turn["signals"][name]
         played[i, : len(record["turns"])] = True
-    seen_obs, seen_progress, masks = pairing._replay(env, jnp.asarray(keys), actions, constrained)
+    seen_obs, seen_progress, masks = pairing.replay_observations(
+        env, jnp.asarray(keys), actions, constrained
+    )
     bad = (
         np.any(np.asarray(seen_obs) != obs, -1) | np.any(np.asarray(seen_progress) != progress, -1)
     ) & played

@@ -204,7 +204,7 @@ def trajectory_records(
                 id=f"{meta['id']}/{n}",
                 env={
                     "name": env_name(env),
-                    "config": _config_of(env),
+                    "config": env_config_record(env),
                     "task_key": [int(x) for x in keys[c]],
                 },
                 dims=dims_of(env),
@@ -234,7 +234,8 @@ def dims_of(env: Environment) -> dict[str, int]:
 # --------------------------------------------------------------------------- helpers
 
 
-def _config_of(env: Environment) -> dict[str, Any]:
+def env_config_record(env: Environment) -> dict[str, Any]:
+    """The env config's plain fields (a record's `env.config`), `{}` without a dataclass."""
     config = getattr(env, "config", None)
     if config is None or not hasattr(config, "__dataclass_fields__"):
         return {}
@@ -294,8 +295,9 @@ def _side_arrays(records, name: str, env: Environment, size: int) -> dict[str, n
 
 def _replayed(arrays, keys, env, records, name, *, constrained: bool) -> Trajectory:
     """The side's Trajectory, checked against (and masked by) the replayed environment."""
-    obs, progress, sampling_mask = _replay(env, jnp.asarray(keys), arrays["action_tokens"],
-                                           constrained)  # fmt: skip
+    obs, progress, sampling_mask = replay_observations(
+        env, jnp.asarray(keys), arrays["action_tokens"], constrained
+    )
     played = arrays["turn_mask"]
     for field, seen in (("obs", np.asarray(obs)), ("progress", np.asarray(progress))):
         recorded = arrays["obs_tokens" if field == "obs" else "progress"]
@@ -331,7 +333,7 @@ def _replayed(arrays, keys, env, records, name, *, constrained: bool) -> Traject
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))
-def _replay(env: Environment, keys: jax.Array, actions: jax.Array, constrained: bool):
+def replay_observations(env: Environment, keys: jax.Array, actions: jax.Array, constrained: bool):
     """`(obs [N, S, O], progress [N, S, K], sampling masks [N, S, L, V] or None)` of the
     tasks `keys` replayed with `actions`: what each turn showed, and with `constrained`
     the constrained sampler's mask of every token."""
