@@ -8,10 +8,12 @@ environment), compiles each distinct program once per session. The cache keys on
 program, the compile options, the backend and the jax version, so a hit is the same
 executable. A cache folder the user set (JAX_COMPILATION_CACHE_DIR) is used and kept.
 
-The tests' programs are tiny and run for milliseconds, so LLVM's optimisation of the
-compiled code costs far more than it saves: the suite compiles at
---xla_backend_optimization_level=0 (2-3x faster compiles; same semantics) unless
-XLA_FLAGS already sets the level.
+The tests' programs are tiny and run for milliseconds, so optimising the compiled code
+costs far more than it saves: the suite compiles at --xla_backend_optimization_level=0
+(LLVM, 2-3x faster compiles) and with --xla_cpu_use_fusion_emitters=false (XLA CPU's
+older loop emitters: the smoke trainer's update compiles in 8.9 s of CPU instead of 20.5 s
+and runs in 0.44 s instead of 0.33 s; same semantics), each unless XLA_FLAGS already sets
+it.
 """
 
 import functools
@@ -24,12 +26,15 @@ import pytest
 
 _CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 _OWNED = "RLAGENT_TEST_OWNS_JAX_CACHE"  # set by the process that made the folder.
+_FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": "false"}
 
 
 def pytest_configure(config):
-    xla_flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_backend_optimization_level" not in xla_flags:  # before any backend starts.
-        os.environ["XLA_FLAGS"] = f"{xla_flags} --xla_backend_optimization_level=0".strip()
+    flags = os.environ.get("XLA_FLAGS", "")
+    for flag, value in _FAST_COMPILE.items():  # before any backend starts.
+        if flag not in flags:
+            flags = f"{flags} --{flag}={value}".strip()
+    os.environ["XLA_FLAGS"] = flags
     if _CACHE_ENV not in os.environ:  # the controller (or a lone process) makes it.
         os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix="rlagent-jax-cache-")
         os.environ[_OWNED] = str(os.getpid())

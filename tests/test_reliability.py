@@ -40,6 +40,7 @@ from rlagent.models import PolicyConfig
 from rlagent.prm import PRMConfig
 from rlagent.rollout import RolloutConfig
 from rlagent.train import TrainConfig
+from rlagent.train import estimators
 from rlagent.train.evaluation import EvalConfig
 from rlagent.train.ppo import NONFINITE_METRICS
 from rlagent.train.rewards import COMPONENTS
@@ -222,6 +223,29 @@ def test_divergence_stops_the_run_keeps_finite_state_and_is_reported(tmp_path, m
         np.testing.assert_array_equal(old[1::2], new[1::2])
         changed.append(not np.array_equal(old[0::2], new[0::2]))
     assert any(changed)
+
+
+def test_check_inputs_changes_no_number(straight, tmp_path):
+    checked = _run(tmp_path, dataclasses.replace(TINY, check_inputs=True))
+    assert _strip(checked) == _strip(straight[0])
+
+
+def test_check_inputs_stops_a_run_whose_kernel_inputs_are_wrong(tmp_path, monkeypatch):
+    # A fault the checks exist for: RLOO's group ids one past the last group (unchecked,
+    # the scatter drops them and the advantages are silently wrong). The config is used
+    # by no other test, so its cached (faulty) trainer cannot leak into another.
+    original = estimators.estimator_inputs
+
+    def shifted(*args):
+        inputs = original(*args)
+        return inputs._replace(group_ids=inputs.group_ids + 1)
+
+    monkeypatch.setattr(estimators, "estimator_inputs", shifted)
+    config = dataclasses.replace(TINY, estimator="rloo", check_inputs=True)
+    with pytest.raises(loop.RunError, match=r"check_inputs: .* updates 1-1 .*group_ids"):
+        _run(tmp_path, config, conditions=["process"], seeds=[0])
+    assert not glob.glob(str(tmp_path / "checkpoints" / "*"))
+    assert not MetricWriter(str(tmp_path)).read()
 
 
 def test_launcher_exits_non_zero_on_divergence(tmp_path, monkeypatch):

@@ -51,6 +51,7 @@ from rlagent.train.config import TrainConfig
 from rlagent.train.evaluation import EVAL_METRICS
 from rlagent.train.evaluation import EvalConfig
 from rlagent.train.evaluation import make_evaluate
+from rlagent.train.ppo import INPUT_CHECKS
 from rlagent.train.ppo import NONFINITE_METRICS
 from rlagent.train.ppo import RunnerState
 from rlagent.train.ppo import Trainer
@@ -121,7 +122,7 @@ def run(
         seeds=[int(seed) for seed in seeds], conditions=conditions,
         **({} if initial_params is None else {"initial_params": initial_params_config}),
     )  # fmt: skip
-    may_change, note = resumable_fields(config.lr_schedule)
+    may_change, note = resumable_fields(config.lr_schedule, extra=("train.check_inputs",))
     resume = prepare_workdir(
         workdir, resume=resume, overwrite=overwrite, config=resolved, may_change=may_change,
         note=note,
@@ -227,6 +228,7 @@ def _train(
             start = time.perf_counter()
             state, metrics = chunk(state)
             metrics = jax.device_get(metrics)  # [runs, length] per metric; waits for the device.
+            _raise_failed_checks(metrics.pop(INPUT_CHECKS, None), done, length, runs)
             seconds = time.perf_counter() - start
             throughput = float(np.sum(metrics["env_turns"])) / seconds
             diverged = _first_nonfinite(metrics)
@@ -408,6 +410,18 @@ def _chunk(trainer: Trainer, length: int, phase: int = 0):
         return trainer.updates(state, length, first_step=phase)
 
     return jax.jit(jax.vmap(chunk))
+
+
+def _raise_failed_checks(error, done: int, length: int, runs) -> None:
+    """`TrainConfig.check_inputs`: a failed kernel input check stops the run before the
+    chunk's rows or checkpoint are written, naming its updates and runs."""
+    message = None if error is None else error.get()
+    if message is not None:
+        raise RunError(
+            f"check_inputs: a kernel input check failed in updates {done + 1}-{done + length} "
+            f"(nothing of them written; 'mapped index' = run, update within them; runs "
+            f"{[f'{condition}/seed {seed}' for condition, seed in runs]}): {message}"
+        )
 
 
 def _checkpoint_manager(workdir: str) -> ocp.CheckpointManager:

@@ -87,6 +87,11 @@ class TrainConfig:
     warmup_updates: int = 0
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
+    # Debug: run the kernels' run-time input checks (traced group ids of GRPO / RLOO /
+    # GiGPO, `check_inputs` under `jax.experimental.checkify`) inside the compiled update;
+    # the host loop stops at the first failing chunk naming its updates. Slower; changes
+    # no result, so a resumed run may switch it.
+    check_inputs: bool = False
 
     def __post_init__(self):
         _check_choice("reward", self.reward, REWARDS)

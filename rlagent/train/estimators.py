@@ -36,6 +36,7 @@ class EstimatorSettings(Protocol):
     gigpo_omega: float
     estimator: str
     normalize_advantages: bool
+    check_inputs: bool  # the kernels' traced-id checks (needs `checkify.checkify`).
 
 
 class EstimatorInputs(NamedTuple):
@@ -162,7 +163,11 @@ def grpo(inputs: EstimatorInputs, settings: EstimatorSettings) -> Estimate:
     """Group-relative episode score, scaled by the group's std."""
     scores = jnp.sum(inputs.turn_rewards, axis=1)
     episode = adv_lib.grpo_advantages(
-        scores, inputs.group_ids, num_groups=settings.num_groups, scale="std"
+        scores,
+        inputs.group_ids,
+        num_groups=settings.num_groups,
+        scale="std",
+        check_inputs=settings.check_inputs,
     )
     return _episode_estimate(episode, inputs.trajectory)
 
@@ -171,7 +176,11 @@ def drgrpo(inputs: EstimatorInputs, settings: EstimatorSettings) -> Estimate:
     """Dr.GRPO: group-relative episode score without std scaling."""
     scores = jnp.sum(inputs.turn_rewards, axis=1)
     episode = adv_lib.grpo_advantages(
-        scores, inputs.group_ids, num_groups=settings.num_groups, scale="none"
+        scores,
+        inputs.group_ids,
+        num_groups=settings.num_groups,
+        scale="none",
+        check_inputs=settings.check_inputs,
     )
     return _episode_estimate(episode, inputs.trajectory)
 
@@ -179,7 +188,12 @@ def drgrpo(inputs: EstimatorInputs, settings: EstimatorSettings) -> Estimate:
 def rloo(inputs: EstimatorInputs, settings: EstimatorSettings) -> Estimate:
     """Leave-one-out baseline within the group."""
     scores = jnp.sum(inputs.turn_rewards, axis=1)
-    episode = adv_lib.rloo_advantages(scores, inputs.group_ids, num_groups=settings.num_groups)
+    episode = adv_lib.rloo_advantages(
+        scores,
+        inputs.group_ids,
+        num_groups=settings.num_groups,
+        check_inputs=settings.check_inputs,
+    )
     return _episode_estimate(episode, inputs.trajectory)
 
 
@@ -207,6 +221,7 @@ def gigpo(inputs: EstimatorInputs, settings: EstimatorSettings) -> Estimate:
         inputs.group_ids,
         num_groups=settings.num_groups,
         omega=settings.gigpo_omega,
+        check_inputs=settings.check_inputs,
     )
     return Estimate(_to_tokens(out.advantages, traj), jnp.zeros_like(traj.values))
 

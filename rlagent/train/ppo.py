@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.experimental import checkify
 
 from rlagent import losses
 from rlagent.models import Policy
@@ -53,6 +54,9 @@ Metrics = dict[str, jax.Array]
 # Fractions of an update's minibatch steps whose loss / gradients were not finite; such a
 # step leaves parameters and optimiser state unchanged (the host loop stops the run).
 NONFINITE_METRICS = ("nonfinite_loss", "nonfinite_grads")
+# With `TrainConfig.check_inputs`, metrics[INPUT_CHECKS] is the `checkify.Error` of the
+# estimator's kernel input checks (`Error.get()` names the first failing run and update).
+INPUT_CHECKS = "input_checks"
 _NO_PROBE = "measure_credit needs make_train(credit_probe=) of a ProbeConfig with every > 0."
 
 
@@ -198,7 +202,14 @@ def make_train(
             kl_reward = -state.kl_coef * kl_tokens
         else:
             kl_reward = jnp.zeros_like(kl_tokens)
-        advantages, value_targets = estimate_advantages(trajectory, rewards, kl_reward, config)
+        if config.check_inputs:  # the estimator alone: checkify cannot take the rollout's loops.
+            checked = checkify.checkify(estimate_advantages, errors=checkify.user_checks)
+            input_checks, (advantages, value_targets) = checked(
+                trajectory, rewards, kl_reward, config
+            )
+        else:
+            input_checks = None
+            advantages, value_targets = estimate_advantages(trajectory, rewards, kl_reward, config)
         batch = _Batch(trajectory, advantages, value_targets, ref_logp)
 
         (params, opt_state), stats = _optimise(
@@ -229,6 +240,8 @@ def make_train(
             metrics.update(probe.skipped())
         if needs_ref:
             metrics["kl_to_ref"] = kl_now
+        if input_checks is not None:
+            metrics[INPUT_CHECKS] = input_checks
         new_state = state._replace(
             params=params,
             opt_state=opt_state,
