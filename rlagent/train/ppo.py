@@ -202,14 +202,9 @@ def make_train(
             kl_reward = -state.kl_coef * kl_tokens
         else:
             kl_reward = jnp.zeros_like(kl_tokens)
-        if config.check_inputs:  # the estimator alone: checkify cannot take the rollout's loops.
-            checked = checkify.checkify(estimate_advantages, errors=checkify.user_checks)
-            input_checks, (advantages, value_targets) = checked(
-                trajectory, rewards, kl_reward, config
-            )
-        else:
-            input_checks = None
-            advantages, value_targets = estimate_advantages(trajectory, rewards, kl_reward, config)
+        input_checks, (advantages, value_targets) = _estimate(
+            trajectory, rewards, kl_reward, config
+        )
         batch = _Batch(trajectory, advantages, value_targets, ref_logp)
 
         (params, opt_state), stats = _optimise(
@@ -289,6 +284,16 @@ def _probe_period(probe: CreditProbe) -> int:
     if int(probe.every) < 1:
         raise ValueError(f"CreditProbe.every must be >= 1, got {probe.every}.")
     return int(probe.every)
+
+
+def _estimate(trajectory, rewards, kl_reward, config: TrainConfig):
+    """`(input checks, (advantages, value targets))`: with `config.check_inputs` the
+    estimator's kernels run their input checks, functionalised by checkify (the estimator
+    alone: checkify cannot take the rollout's batched while loops); else `(None, ...)`."""
+    if not config.check_inputs:
+        return None, estimate_advantages(trajectory, rewards, kl_reward, config)
+    checked = checkify.checkify(estimate_advantages, errors=checkify.user_checks)
+    return checked(trajectory, rewards, kl_reward, config)
 
 
 def _scan_updates(update, state, length: int, first_step: int, credit_every: int):
