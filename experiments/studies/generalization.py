@@ -163,7 +163,10 @@ class Finding(NamedTuple):
 
 def _verdict_of_difference(low: float, high: float, n: int, expected: str) -> str:
     """'holds' when the interval of a difference lies on the `expected` side of 0
-    ('>' or '<'), 'does not hold' when it lies on the other, else cannot tell."""
+    ('>' or '<'), 'does not hold' when it lies on the other, else cannot tell. An interval
+    of no width (one measured seed, or every seed alike) tells nothing."""
+    if not high > low:
+        return f"{CANNOT_TELL} (no spread over the {n} seeds: one measured, or all alike)"
     if expected == ">" and low > 0 or expected == "<" and high < 0:
         return "holds"
     if expected == ">" and high < 0 or expected == "<" and low > 0:
@@ -257,9 +260,11 @@ def _credit_falls(summary, config) -> tuple[str, str, dict]:
         diff = last["mean"] - first["mean"]
         half = float(np.hypot(first["ci95"], last["ci95"]))
         changes[estimator] = {"diff": diff, "ci95": half}
-        falls += diff + half < 0
-        rises += diff - half > 0
+        falls += half > 0 and diff + half < 0
+        rises += half > 0 and diff - half > 0
     n = len(changes)
+    if not n:
+        return "undefined (no AUROC: one class of verdicts)", "not measured", {}
     shown = ", ".join(f"{e} {d['diff']:+.2f} ± {d['ci95']:.2f}" for e, d in changes.items())
     h = sorted(next(iter(cells.values())), key=int)
     text = f"AUROC change h={h[0]} -> h={h[-1]}: {shown}; {falls}/{n} fall, {rises}/{n} rise"
@@ -517,7 +522,8 @@ def _lines(ax, series: Mapping[str, list[tuple[int, float, float, float]]]) -> N
         ax.fill_between(x, low, high, alpha=0.15, color=line.get_color())
     ax.set_ylim(-0.05, 1.05)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6)
+    if ax.get_lines():
+        ax.legend(fontsize=6)
 
 
 def _credit_series(cells: Mapping[str, Any]) -> dict[str, list]:
