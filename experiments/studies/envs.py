@@ -149,8 +149,4 @@ def horizon_section(
     if spec.horizon_keeps_section and section.get("kind") == kind:
         dropped = ("kind", spec.horizon_field)
         overrides.update({k: v for k, v in section.items() if k not in dropped})
-    try:
-        config = spec.horizon(horizon, **overrides)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"horizon {horizon} of {kind!r}: {error}") from None
-    return {"kind": kind, **dataclasses.asdict(config)}
+    return {"kind": kind, **dataclasses.asdict(spec.horizon(horizon, **overrides))}

@@ -45,8 +45,11 @@ from experiments.studies.envs import title
 from rlagent.analysis import report
 from rlagent.analysis import stats
 from rlagent.host import provenance
+from rlagent.host.workdir import prepare_workdir
 
 PARTS = ("rewards", "credit", "estimators")
+# Fields a resumed run may change: which environments run and are reported.
+RESUMABLE = ("envs",)
 CANNOT_TELL = "cannot tell apart"
 
 
@@ -60,12 +63,17 @@ def run(
 ) -> dict[str, Any]:
     """Runs every part on every environment (module docstring); returns the summary.
 
-    A non-empty `workdir` is refused unless `resume` (the config must match; finished
-    parts, those with a summary.json, are kept, the others continue or restart) or
-    `overwrite` (start clean).
+    A non-empty `workdir` is refused unless `resume` or `overwrite` (start clean). A
+    resumed run must have the same config except `envs` (each part is a study of its own,
+    with its provenance): finished parts, those with a summary.json, are kept, the others
+    continue or restart, and the report covers the environments of `envs`.
     """
     plans = plan(config)  # config errors before anything is written
-    common.prepare(workdir, config, resume=resume, overwrite=overwrite)
+    prepare_workdir(
+        workdir, resume=resume, overwrite=overwrite,
+        config=provenance.resolved(**config.to_dict()), may_change=RESUMABLE,
+        note=f"only {', '.join(RESUMABLE)} may change on resume",
+    )  # fmt: skip
     start = time.time()
     record = provenance.collect(config.to_dict(), parts=[f"{k}/{p}" for k, p, _ in plans])
     provenance.write(workdir, record)
