@@ -47,6 +47,23 @@ def get_config() -> ml_collections.ConfigDict:
         estimator_horizons="12",
         slack=2,  # max_turns = shortest plan + 2, as in the horizon sweep.
     )
+    # Finished studies read like parts, beside the kinds run (their own budgets and seeds):
+    # the ToolWorld studies' committed summaries, paths from the repository root.
+    config.references = ml_collections.ConfigDict()
+    config.references.toolworld_studies = ml_collections.ConfigDict(
+        dict(
+            title="ToolWorld, the committed studies at their own budgets (docs/results/)",
+            rewards="docs/results/process_rewards/summary.json",  # level 2, 5 seeds.
+            credit="docs/results/credit_accuracy/summary.json",  # h = 3..25, 3 seeds.
+            estimators="docs/results/horizon_sweep/summary.json",  # h = 3..16, 5 seeds.
+        )
+    )
+    config.references.toolworld_30_seeds = ml_collections.ConfigDict(
+        dict(
+            title="ToolWorld level 2, the main experiment at 30 seeds (no learned PRM)",
+            rewards="docs/results/sparse_vs_dense_full_summary.json",
+        )
+    )
     config.rewards = rewards_section()
     config.credit = credit_section()
     config.estimators = estimators_section()

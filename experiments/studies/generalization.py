@@ -50,6 +50,8 @@ from rlagent.host.workdir import prepare_workdir
 PARTS = ("rewards", "credit", "estimators")
 # Fields a resumed run may change: which environments run and are reported.
 RESUMABLE = ("envs",)
+# Relative paths of `config.references` start here (the repository root).
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CANNOT_TELL = "cannot tell apart"
 
 
@@ -82,7 +84,7 @@ def run(
         folder = os.path.join(workdir, kind, part)
         print(f"[generalization {time.time() - start:6.0f}s] {kind} / {part}", flush=True)
         summaries.setdefault(kind, {})[part] = _run_part(part, part_config, folder, resume)
-    summary = write_report(workdir, summaries, config)
+    summary = write_report(workdir, summaries, config, load_references(config))
     provenance.write(
         workdir, provenance.finish({**record, "wall_s": round(time.time() - start, 1)})
     )
@@ -108,7 +110,28 @@ def plan(config: ml_collections.ConfigDict) -> list[tuple[str, str, ml_collectio
             except ValueError as error:
                 raise ValueError(f"config.kinds.{kind} / config.{part}: {error}") from None
             plans.append((kind, part, part_config))
+    for name, files in config.get("references", {}).items():
+        for part in (p for p in PARTS if p in files):
+            if not os.path.isfile(_path(files[part])):
+                raise ValueError(f"config.references.{name}.{part}: no file {files[part]!r}.")
     return plans
+
+
+def load_references(config: ml_collections.ConfigDict) -> dict[str, dict[str, Any]]:
+    """`config.references`: finished studies read like parts, {name: {part: summary}}
+    (e.g. the ToolWorld studies' committed summaries, at their own budgets; a reference
+    names a title and any of PARTS)."""
+    out = {}
+    for name, files in config.get("references", {}).items():
+        out[name] = {}
+        for part in (p for p in PARTS if p in files):
+            with open(_path(files[part])) as f:
+                out[name][part] = json.load(f)
+    return out
+
+
+def _path(path: str) -> str:
+    return path if os.path.isabs(path) else os.path.join(ROOT, path)
 
 
 def part_config_of(
@@ -169,17 +192,18 @@ class Finding(NamedTuple):
     measure: Callable[[Mapping[str, Any], ml_collections.ConfigDict], tuple[str, str, dict]]
 
 
-def _verdict_of_difference(low: float, high: float, n: int, expected: str) -> str:
+def _verdict_of_difference(low: float, high: float, n: int | None, expected: str) -> str:
     """'holds' when the interval of a difference lies on the `expected` side of 0
-    ('>' or '<'), 'does not hold' when it lies on the other, else cannot tell. An interval
-    of no width (one measured seed, or every seed alike) tells nothing."""
+    ('>' or '<'), 'does not hold' when it lies on the other, else cannot tell (at `n`
+    seeds, when known). An interval of no width (one measured seed, or every seed alike)
+    tells nothing."""
     if not high > low:
-        return f"{CANNOT_TELL} (no spread over the {n} seeds: one measured, or all alike)"
+        return f"{CANNOT_TELL} (no spread over seeds: one measured, or all alike)"
     if expected == ">" and low > 0 or expected == "<" and high < 0:
         return "holds"
     if expected == ">" and high < 0 or expected == "<" and low > 0:
         return "does not hold (reversed)"
-    return f"{CANNOT_TELL} at {n} seeds"
+    return f"{CANNOT_TELL} at {n} seeds" if n else f"{CANNOT_TELL} (the interval spans 0)"
 
 
 def _comparison(summary: Mapping[str, Any], x: str, y: str) -> dict[str, Any] | None:
@@ -234,7 +258,7 @@ def _final(entry: Mapping[str, Any]) -> str:
 def _label_auroc(summary, config) -> tuple[str, str, dict]:
     """Completion labels of the behaviour policy: soft-label AUROC vs the verdict at the
     largest N <= 4 (above chance: holds)."""
-    labels = summary["label_quality"]
+    labels = summary.get("label_quality", {})
     key = next((k for k in labels if k.startswith("completion/soft")), None)
     if key is None or "policy" not in labels[key]:
         return "not measured", "not measured", {}
@@ -283,7 +307,7 @@ def _credit_falls(summary, config) -> tuple[str, str, dict]:
     elif falls:
         verdict = f"partly ({falls} of {n} estimators)"
     else:
-        verdict = f"{CANNOT_TELL} at {config.seeds} seeds"
+        verdict = f"{CANNOT_TELL} (every interval spans 0)"
     return text, verdict, changes
 
 
@@ -314,7 +338,7 @@ def _group_sign(summary, config) -> tuple[str, str, dict]:
         f"{stats.format_mean_ci(families['critic'])} vs GRPO / RLOO / GiGPO "
         f"{stats.format_mean_ci(families['group'])}; difference {diff:+.2f} ± {half:.2f}"
     )
-    verdict = _verdict_of_difference(diff - half, diff + half, config.seeds, ">")
+    verdict = _verdict_of_difference(diff - half, diff + half, None, ">")
     return text, verdict, {**families, "diff": diff, "ci95": half}
 
 
@@ -412,6 +436,8 @@ def findings(
     rows = []
     for finding in FINDINGS:
         for kind, parts in summaries.items():
+            if finding.part not in parts:  # a reference without this study
+                continue
             text, verdict, numbers = finding.measure(parts[finding.part], config)
             rows.append(
                 dict(
@@ -423,16 +449,26 @@ def findings(
 
 
 def write_report(
-    workdir: str, summaries: Mapping[str, Mapping[str, Any]], config: ml_collections.ConfigDict
+    workdir: str,
+    summaries: Mapping[str, Mapping[str, Any]],
+    config: ml_collections.ConfigDict,
+    references: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """summary.json (findings rows, the kinds' titles and part folders), summary.md (one
-    table: finding x environment) and findings.png."""
-    rows = findings(summaries, config)
+    """summary.json (findings rows, the sources' titles and files), summary.md (one
+    table: finding x source: the kinds run, then `references`) and findings.png (the
+    kinds run)."""
+    references = dict(references or {})
+    rows = findings({**summaries, **references}, config)
     kinds = list(summaries)
+    envs = {kind: f"{title(config.kinds[kind].env)}, this run" for kind in kinds}
+    parts = {kind: {part: os.path.join(kind, part) for part in PARTS} for kind in kinds}
+    for name in references:
+        envs[name] = config.references[name].title
+        parts[name] = {part: config.references[name][part] for part in references[name]}
     summary = {
         "findings": rows,
-        "envs": {kind: title(config.kinds[kind].env) for kind in kinds},
-        "parts": {kind: {part: os.path.join(kind, part) for part in PARTS} for kind in kinds},
+        "envs": envs,
+        "parts": parts,
         "settings": {"seeds": int(config.seeds), "credit_reward": config.credit_reward,
                      "credit_policy": config.credit_policy},
     }  # fmt: skip
@@ -441,28 +477,27 @@ def write_report(
     text = markdown(summary)
     with open(os.path.join(workdir, "summary.md"), "w") as f:
         f.write(text)
-    plot(summaries, os.path.join(workdir, "findings.png"), summary["envs"], config)
+    plot(summaries, os.path.join(workdir, "findings.png"), envs, config)
     print(text, flush=True)
     return summary
 
 
 def markdown(summary: Mapping[str, Any]) -> str:
-    """The findings table: one row per finding, per environment its measurement and
-    verdict."""
-    kinds = list(summary["envs"])
+    """The findings table: per finding, one row per source (environment run, or
+    reference) with its measurement and verdict."""
     lines = ["# Which findings hold: ToolWorld's findings on every environment\n"]
-    lines += [f"- {kind}: {name}, folder `{kind}/`" for kind, name in summary["envs"].items()]
-    by_finding: dict[str, dict[str, Any]] = {}
-    for row in summary["findings"]:
-        by_finding.setdefault(row["finding"], {"claim": row["claim"]})[row["env"]] = row
-    header = ["finding (ToolWorld)"] + [f"{k}: measured" for k in kinds]
-    header += [f"{k}: verdict" for k in kinds]
-    table = [
-        [entry["claim"]]
-        + [entry[k]["measured"] for k in kinds]
-        + [f"**{entry[k]['verdict']}**" for k in kinds]
-        for entry in by_finding.values()
+    lines += [
+        f"- {kind}: {name}; "
+        + ", ".join(f"{p} `{path}`" for p, path in summary["parts"][kind].items())
+        for kind, name in summary["envs"].items()
     ]
+    claims = {row["finding"]: row["claim"] for row in summary["findings"]}
+    header = ["finding (ToolWorld)", "source", "measured", "verdict"]
+    table = []
+    for finding, claim in claims.items():
+        for row in (r for r in summary["findings"] if r["finding"] == finding):
+            shown = claim if not table or table[-1][0] not in (claim, "") else ""
+            table.append([shown, row["env"], row["measured"], f"**{row['verdict']}**"])
     lines += [""] + report.markdown_rows(header, table)
     lines.append(
         f"\n{summary['settings']['seeds']} seeds per condition. Training: final success "
@@ -472,7 +507,8 @@ def markdown(summary: Mapping[str, Any]) -> str:
         f"(reward {summary['settings']['credit_reward']}, policy "
         f"{summary['settings']['credit_policy']}). A verdict reads only the interval or "
         "test: 'holds' when it excludes the other side, 'cannot tell apart' when it "
-        "spans it. Each part's own summary.md is in `<env>/<part>/`.\n"
+        "spans it. Each part's own summary.md is in `<env>/<part>/`; references keep their "
+        "own seeds and budgets.\n"
     )
     return "\n".join(lines)
 
@@ -489,6 +525,8 @@ def plot(
     import matplotlib.pyplot as plt
 
     kinds = list(summaries)
+    if not kinds:  # references only: their own studies hold their figures
+        return
     fig, axes = plt.subplots(len(kinds), 3, figsize=(16, 3.8 * len(kinds)), squeeze=False)
     for row, kind in zip(axes, kinds, strict=True):
         parts = summaries[kind]

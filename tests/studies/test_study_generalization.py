@@ -76,7 +76,9 @@ def test_mastermind_horizon_knob_and_its_errors_name_the_field():
      ("kinds.mastermind.sweep_horizons", "0", r"config\.estimators: config\.horizons: .*got 0"),
      ("kinds.mastermind.slack", 1, r"config\.estimators: .*config\.slack=1"),
      ("rewards.conditions", "outcome,nope", "unknown reward form 'nope'"),
-     ("seeds", 0, "config.seeds must be >= 1")],
+     ("seeds", 0, "config.seeds must be >= 1"),
+     ("references.toolworld_studies.credit", "docs/nope.json",
+      r"config\.references\.toolworld_studies\.credit: no file 'docs/nope.json'")],
 )  # fmt: skip
 def test_config_errors_name_the_field_before_anything_is_written(tmp_path, field, value, message):
     config = _config("mastermind")
@@ -136,6 +138,23 @@ def test_findings_read_each_part_and_their_verdicts_follow_the_intervals():
     rows = {row["finding"]: row for row in study.findings(summaries, _config("mastermind"))}
     assert rows["potential_beats_outcome"]["verdict"] == "does not hold (reversed)"
     assert rows["verdict_no_better_than_outcome"]["verdict"] == "does not hold (process worse)"
+
+
+def test_the_committed_toolworld_studies_are_read_as_references(tmp_path):
+    config = _config("mastermind")
+    references = study.load_references(config)
+    assert set(references["toolworld_30_seeds"]) == {"rewards"}
+    rows = study.findings(references, config)
+    by = {(row["env"], row["finding"]): row for row in rows}
+    # The main experiment's 30-seed result, read by the same verdict code.
+    assert by["toolworld_30_seeds", "potential_beats_outcome"]["verdict"] == "holds"
+    assert ("toolworld_30_seeds", "credit_degrades_with_horizon") not in by
+    summary = study.write_report(str(tmp_path), {}, config, references)
+    text = (tmp_path / "summary.md").read_text()
+    assert text.count("| toolworld_studies |") == len(study.FINDINGS)
+    assert summary["parts"]["toolworld_30_seeds"] == {
+        "rewards": "docs/results/sparse_vs_dense_full_summary.json"
+    }
 
 
 def _launch(workdir, *extra):
