@@ -204,7 +204,12 @@ def test_tiny_run_writes_every_part_and_the_findings(tmp_path):
         assert os.path.exists(tmp_path / "mastermind" / part / "summary.json")
         assert os.path.exists(tmp_path / "mastermind" / part / "provenance.json")
     stored = json.loads((tmp_path / "summary.json").read_text())
-    assert [row["finding"] for row in stored["findings"]] == [f.name for f in study.FINDINGS]
+    ran = [row["finding"] for row in stored["findings"] if row["env"] == "mastermind"]
+    assert ran == [finding.name for finding in study.FINDINGS]
+    assert {row["env"] for row in stored["findings"]} == {
+        "mastermind",
+        *configs.get_config().references,
+    }
     assert stored == json.loads(json.dumps(summary, default=float))
     assert "Mastermind (code of 3 numbers 1..4" in (tmp_path / "summary.md").read_text()
     # A finished run resumes without recomputing a part.
