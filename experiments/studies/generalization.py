@@ -345,7 +345,8 @@ def _group_sign(summary, config) -> tuple[str, str, dict]:
 def _sweep_gap(condition: str, reference: str, expected: str) -> Callable:
     """Held-out (or final) success of `condition` minus `reference` at the longest
     horizon where both trained (the estimator comparison's, for estimator conditions),
-    with its bootstrap CI over seeds."""
+    with its bootstrap CI over seeds (the verdict) and the sweep's Holm-corrected test of
+    the pair (a verdict the test does not support says so)."""
 
     def measure(summary, config):
         horizons = summary["horizons"]
@@ -365,7 +366,14 @@ def _sweep_gap(condition: str, reference: str, expected: str) -> Callable:
             f"(IQM); mean gap {stats.format_interval(gap)}"
         )
         verdict = _verdict_of_difference(gap["low"], gap["high"], len(a), expected)
-        return text, verdict, {"horizon": int(h), "gap": gap}
+        test = _comparison(horizons[h], condition, reference)
+        if test is not None:
+            text += f"; P({condition} > {reference}) = {test['prob_improvement']:.2f}, "
+            text += f"p_holm = {test['p_holm']:.3g}"
+            if not verdict.startswith(CANNOT_TELL) and not test["significant"]:
+                # The bootstrap interval is per pair; Holm corrects over the horizon's pairs.
+                verdict += f" by the gap's CI; not after Holm (p = {test['p_holm']:.2g})"
+        return text, verdict, {"horizon": int(h), "gap": gap, "test": test}
 
     return measure
 
