@@ -11,8 +11,8 @@ environment of `--config.envs` (`experiments.studies.generalization`). Writes to
 --workdir: `<env>/<part>/` (each study's own outputs and provenance), summary.md and
 summary.json (each ToolWorld finding per environment: measurement with its interval and
 verdict), findings.png and provenance.json. A non-empty --workdir needs `--resume`
-(finished parts are kept; the config must match except `envs`, so a resume with fewer
-environments reports those) or `--overwrite`. Exits with status 1
+(finished parts are kept; the config must match except `envs` and `references`, so a
+resume with fewer environments reports those) or `--overwrite`. Exits with status 1
 and a one-line error when refused or when training diverges.
 """
 

@@ -48,7 +48,8 @@ from rlagent.host import provenance
 from rlagent.host.workdir import prepare_workdir
 
 PARTS = ("rewards", "credit", "estimators")
-# Fields a resumed run may change: which environments run and are reported.
+# Fields a resumed run may change: which environments run and are reported (and the
+# references, `_may_change`).
 RESUMABLE = ("envs",)
 # Relative paths of `config.references` start here (the repository root).
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -67,14 +68,15 @@ def run(
 
     A non-empty `workdir` is refused unless `resume` or `overwrite` (start clean). A
     resumed run must have the same config except `envs` (each part is a study of its own,
-    with its provenance): finished parts, those with a summary.json, are kept, the others
-    continue or restart, and the report covers the environments of `envs`.
+    with its provenance) and `references`: finished parts, those with a summary.json, are
+    kept, the others continue or restart, and the report covers the environments of
+    `envs` and the references.
     """
     plans = plan(config)  # config errors before anything is written
     prepare_workdir(
         workdir, resume=resume, overwrite=overwrite,
-        config=provenance.resolved(**config.to_dict()), may_change=RESUMABLE,
-        note=f"only {', '.join(RESUMABLE)} may change on resume",
+        config=provenance.resolved(**config.to_dict()), may_change=_may_change(workdir, config),
+        note=f"only {', '.join(RESUMABLE)} and references may change on resume",
     )  # fmt: skip
     start = time.time()
     record = provenance.collect(config.to_dict(), parts=[f"{k}/{p}" for k, p, _ in plans])
@@ -89,6 +91,17 @@ def run(
         workdir, provenance.finish({**record, "wall_s": round(time.time() - start, 1)})
     )
     return summary
+
+
+def _may_change(workdir: str, config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """RESUMABLE and every field under `references` (finished studies read beside the
+    run: no result of the run depends on them), stored or given."""
+    stored = (provenance.read(workdir) or {}).get("config", {})
+    fields = set()
+    for tree in (stored.get("references") or {}, config.to_dict().get("references", {})):
+        for name, files in tree.items():
+            fields.update(f"references.{name}.{field}" for field in files)
+    return RESUMABLE + tuple(sorted(fields))
 
 
 def plan(config: ml_collections.ConfigDict) -> list[tuple[str, str, ml_collections.ConfigDict]]:
