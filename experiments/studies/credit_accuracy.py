@@ -47,7 +47,7 @@ from experiments.studies.common import ints
 from experiments.studies.common import lm_setup
 from experiments.studies.common import names
 from experiments.studies.envs import horizon_env
-from experiments.studies.envs import kind_of
+from experiments.studies.envs import study_kind
 from rlagent.analysis import report
 from rlagent.analysis.stats import format_mean_ci
 from rlagent.credit import accuracy
@@ -92,7 +92,7 @@ def run(
     rows = []
     start = time.time()
     for horizon in study.horizons:
-        env = horizon_env(study.kind, horizon)
+        env = horizon_env(study.kind, horizon, section=config.get("env"))
         for policy_name in study.policies:
             measure = make_measure(env, policy_name, base, config)
             for seed in range(config.first_seed, config.first_seed + config.seeds):
@@ -131,8 +131,7 @@ class Plan(NamedTuple):
 def plan(config: ml_collections.ConfigDict) -> Plan:
     """The checked plan of `config`; a bad value is refused naming its field (nothing is
     computed or written)."""
-    kind = config.get("env", {}).get("kind", "toolworld")
-    kind_of(kind)
+    kind = study_kind(config)
     base = TrainConfig.from_mapping(
         {**config.train, "num_groups": config.num_groups, "group_size": config.group_size}
     )
@@ -189,7 +188,7 @@ def _check_config(
     envs = []
     for horizon in horizons:
         try:
-            envs.append(horizon_env(kind, horizon))
+            envs.append(horizon_env(kind, horizon, section=config.get("env")))
         except ValueError as error:
             raise ValueError(f"config.horizons: {error}") from None
     policies = names(config.policies, "policies", "policy")

@@ -1,7 +1,8 @@
 """The long-horizon study: reward forms and estimators from short to long plans.
 
-For every shortest-plan horizon h of `config.horizons` (`envs.horizon_config`: level-4
-exchanges and distractors, `config.slack` turns to spare), the reward forms of
+For every horizon h of `config.horizons` in the environment `config.env.kind` names
+(`envs.horizon_section`; ToolWorld without one: the shortest plan, level-4 exchanges and
+distractors, `config.slack` turns to spare; Mastermind: the guess limit), the reward forms of
 `config.conditions` train with `config.train.estimator`; at the horizons of
 `config.estimator_horizons`, `config.estimator_reward` also trains with every estimator
 of `config.estimators` (one compiled program per estimator and process reward model,
@@ -35,14 +36,16 @@ import ml_collections
 import numpy as np
 
 from experiments.studies import common
+from experiments.studies import envs as env_kinds
 from experiments.studies.common import Run
 from experiments.studies.common import estimator_config
 from experiments.studies.common import ints
 from experiments.studies.common import names
+from experiments.studies.envs import horizon_env
+from experiments.studies.envs import horizon_section
+from experiments.studies.envs import study_kind
 from rlagent.analysis import report
 from rlagent.analysis import stats
-from rlagent.envs.toolworld import ToolWorld
-from rlagent.envs.toolworld import horizon_config
 from rlagent.host import loop
 from rlagent.host import provenance
 from rlagent.host.writers import MetricWriter
@@ -65,7 +68,8 @@ def plan(config: ml_collections.ConfigDict) -> list[tuple[int, list[Run]]]:
     horizons = ints(config.horizons, "horizons", "horizon")
     if int(config.slack) < 0:
         raise ValueError(f"config.slack must be >= 0, got {config.slack}.")
-    envs = {h: _env_section(h, int(config.slack)) for h in horizons}
+    kind = study_kind(config)
+    envs = {h: _env_section(kind, h, config) for h in horizons}
     groups = common.prm_groups(config.conditions)
     rewards = [label for group in groups for label in group.labels]
     base = TrainConfig.from_mapping(config.train)
@@ -137,7 +141,8 @@ def run(
         try:
             summary = common.run_and_report(
                 runs, config, workdir=folder, resume=resume, overwrite=overwrite,
-                title=f"ToolWorld, shortest plan {horizon} turns", progress=progress,
+                title=f"{env_kinds.title(runs[0].config.env)}, horizon {horizon} turns",
+                progress=progress,
                 initial_params=initial, initial_params_config=initial_config,
             )  # fmt: skip
         except loop.Diverged as error:  # reported; its rows still summarise the seeds
@@ -393,7 +398,8 @@ def _warm_start(config, first_run: Run, horizons: Sequence[int], start: float):
     if not warm.steps:
         return None, None
     setup = common.build(first_run.config)
-    demos = [ToolWorld(horizon_config(h)) for h in horizons]
+    kind = study_kind(config)
+    demos = [horizon_env(kind, h, int(config.slack), config.get("env")) for h in horizons]
     trainer = make_train(
         setup.train_config, setup.env, setup.policy_config, setup.rollout_config,
         **setup.extras(),
@@ -443,13 +449,13 @@ def _run(
     return Run(name, tuple(f"{label}/{spec}" for label in labels), run_config)
 
 
-def _env_section(horizon: int, slack: int) -> dict[str, Any]:
-    """ToolWorldConfig fields of a horizon (`horizon_config`, max_turns = h + slack)."""
+def _env_section(kind: str, horizon: int, config) -> dict[str, Any]:
+    """The env section of a horizon (`envs.horizon_section`; ToolWorld: max_turns = h +
+    slack; Mastermind: the guess limit of `config.env`'s code)."""
     try:
-        env = horizon_config(horizon, max_turns=horizon + slack)
+        return horizon_section(kind, horizon, int(config.slack), config.get("env"))
     except ValueError as error:
         raise ValueError(f"config.horizons: {error}") from None
-    return dataclasses.asdict(env)
 
 
 def _takeoff(entry: Mapping[str, Any]) -> str:

@@ -28,12 +28,12 @@ import jax
 import ml_collections
 
 from experiments.studies import common
+from experiments.studies import envs
 from experiments.studies import label_quality as study
 from rlagent.analysis import report
 from rlagent.analysis import stats
 from rlagent.analysis.stats import format_mean_ci
-from rlagent.envs.toolworld import ToolWorld
-from rlagent.envs.toolworld import horizon_config
+from rlagent.envs.base import Environment
 from rlagent.host import provenance
 from rlagent.host.writers import MetricWriter
 
@@ -41,7 +41,7 @@ from rlagent.host.writers import MetricWriter
 HACKING_METRICS = ("success", "turns", "turns_over_plan", "collapse_rate", "prm_auroc")
 # The PRM-weighted forms compared, in table order; the first is the one suspected of farming.
 FORMS = ("learned_sum", "learned_min", "learned_potential")
-TITLE = "ToolWorld: process rewards without hand labels"
+TITLE = "process rewards without hand labels"
 
 
 def run(
@@ -61,19 +61,20 @@ def run(
     runs = common.prm_runs(config)  # config errors before anything is written
     label_env = _label_env(config)
     study.validate(config.labels, label_env)
+    title = f"{envs.title(config.env)}: {TITLE}"
     summary = common.run_and_report(
         runs,
         config,
         workdir=workdir,
         resume=resume,
         overwrite=overwrite,
-        title=TITLE,
+        title=title,
         mesh=mesh,
         progress=progress,
         experience=report.TOTAL_TURNS,
     )
     rows = MetricWriter(workdir, tensorboard=False).read()
-    plot_curves(rows, os.path.join(workdir, "curves.png"))
+    plot_curves(rows, os.path.join(workdir, "curves.png"), title=title)
     label_writer = MetricWriter(workdir, tensorboard=False, filename=study.FILENAME)
     label_rows = label_writer.read() if resume else []
     if not label_rows:
@@ -85,7 +86,7 @@ def run(
         "hacking": hacking,
     }
     text = (
-        f"# {TITLE}\n\n## PPO: success vs total environment turns\n\n"
+        f"# {title}\n\n## PPO: success vs total environment turns\n\n"
         + report.markdown_table(summary)
         + "\n## Label quality (automatic step labels vs the oracle verdict)\n"
         + study.markdown(full["label_quality"])
@@ -104,7 +105,7 @@ def run(
     return full
 
 
-def plot_curves(rows: Sequence[Mapping[str, Any]], path: str) -> None:
+def plot_curves(rows: Sequence[Mapping[str, Any]], path: str, *, title: str = TITLE) -> None:
     """Success vs total environment turns, 95% CI over seeds: one panel per PRM kind
     (noise levels of the noisy oracle together; conditions without a PRM first), each
     with the outcome-only condition for reference."""
@@ -130,16 +131,17 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: str) -> None:
         ax.legend(fontsize=7)
     for ax in axes.flat[len(panels) :]:
         ax.axis("off")
-    fig.suptitle(TITLE)
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def _label_env(config: ml_collections.ConfigDict) -> ToolWorld:
+def _label_env(config: ml_collections.ConfigDict) -> Environment:
+    """The label study's environment: the experiment's, or its kind at `labels.horizon`."""
     horizon = int(config.labels.horizon)
     if horizon:
-        return ToolWorld(horizon_config(horizon))
+        return envs.horizon_env(envs.study_kind(config), horizon, section=config.env)
     return common.build(config).env
 
 

@@ -1,4 +1,5 @@
-"""The main study: sparse outcome reward vs dense process rewards on ToolWorld.
+"""The main study: sparse outcome reward vs dense process rewards (ToolWorld, or the
+environment `config.env.kind` names).
 
 `run` trains every reward form of `config.conditions` side by side (`reward_runs`), or,
 with `guardrail_sweep`, the first one with the guardrail rule layer off / penalise / mask
@@ -13,6 +14,7 @@ import jax
 import ml_collections
 
 from experiments.studies import common
+from experiments.studies import envs
 from experiments.studies.common import Run
 from experiments.studies.common import names
 
@@ -59,7 +61,7 @@ def run(
         title = "ToolWorld: guardrail rule layer off / penalise / mask"
     else:
         runs = reward_runs(config)
-        title = f"ToolWorld level {config.env.level}: sparse outcome vs dense process rewards"
+        title = f"{envs.title(config.env)}: sparse outcome vs dense process rewards"
     return common.run_and_report(
         runs, config, workdir=workdir, resume=resume, overwrite=overwrite, title=title,
         mesh=mesh, progress=progress,

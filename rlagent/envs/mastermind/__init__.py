@@ -10,6 +10,7 @@ from rlagent.envs.mastermind import rules
 from rlagent.envs.mastermind.config import LEVELS
 from rlagent.envs.mastermind.config import TEXTARENA_IDS
 from rlagent.envs.mastermind.config import MastermindConfig
+from rlagent.envs.mastermind.config import horizon_config
 from rlagent.envs.mastermind.config import level_config
 from rlagent.envs.mastermind.env import Mastermind
 from rlagent.envs.mastermind.env import Observation

@@ -160,8 +160,25 @@ class MastermindConfig:
 
 
 def level_config(level: str, **overrides) -> MastermindConfig:
-    """The config of a level (`LEVELS`), with field overrides (the horizon knob:
-    code_length, num_numbers, max_turns)."""
+    """The config of a level (`LEVELS`), with field overrides (code_length, num_numbers,
+    max_turns: see `horizon_config`)."""
     if level not in LEVELS:
         raise ValueError(f"Unknown Mastermind level {level!r}; expected one of {tuple(LEVELS)}.")
     return MastermindConfig(**{**LEVELS[level], **overrides})
+
+
+def horizon_config(guesses: int, **overrides) -> MastermindConfig:
+    """The game that allows `guesses` valid guesses: max_turns = guesses - 1 (TextArena's
+    turn limit, `guess_limit`), on Mastermind-v0's code (4 numbers of 1..6, distinct)
+    unless `overrides` set code_length / num_numbers / duplicate_numbers.
+
+    The horizon of the studies that sweep it (`experiments.studies.envs.horizon_env`). Unlike
+    ToolWorld's shortest plan, it bounds a game rather than fixing it: a lucky guess wins at
+    once, and a policy that solves the code in fewer guesses (the oracle: at most 6 on the
+    v0 code) plays no longer games as the limit grows. `overrides` may not set max_turns.
+    """
+    if "max_turns" in overrides:
+        raise ValueError("horizon_config sets max_turns = guesses - 1 itself; drop max_turns.")
+    if isinstance(guesses, bool) or not isinstance(guesses, numbers.Integral) or guesses < 1:
+        raise ValueError(f"horizon_config: guesses must be an integer >= 1, got {guesses!r}")
+    return level_config("v0", max_turns=int(guesses) - 1, **overrides)
