@@ -202,9 +202,7 @@ def make_train(
             kl_reward = -state.kl_coef * kl_tokens
         else:
             kl_reward = jnp.zeros_like(kl_tokens)
-        input_checks, (advantages, value_targets) = _estimate(
-            trajectory, rewards, kl_reward, config
-        )
+        advantages, value_targets, checks = _estimate(trajectory, rewards, kl_reward, config)
         batch = _Batch(trajectory, advantages, value_targets, ref_logp)
 
         (params, opt_state), stats = _optimise(
@@ -219,6 +217,7 @@ def make_train(
             **episode_metrics(env, trajectory),
             **stats,
             **prm_metrics,
+            **checks,
             "kl_coef": state.kl_coef,
             "train_return": jnp.mean(jnp.sum(raw_rewards, axis=1)),
         }
@@ -235,8 +234,6 @@ def make_train(
             metrics.update(probe.skipped())
         if needs_ref:
             metrics["kl_to_ref"] = kl_now
-        if input_checks is not None:
-            metrics[INPUT_CHECKS] = input_checks
         new_state = state._replace(
             params=params,
             opt_state=opt_state,
@@ -287,13 +284,15 @@ def _probe_period(probe: CreditProbe) -> int:
 
 
 def _estimate(trajectory, rewards, kl_reward, config: TrainConfig):
-    """`(input checks, (advantages, value targets))`: with `config.check_inputs` the
-    estimator's kernels run their input checks, functionalised by checkify (the estimator
-    alone: checkify cannot take the rollout's batched while loops); else `(None, ...)`."""
+    """`(advantages, value targets, metrics)`: with `config.check_inputs` the estimator's
+    kernels run their input checks, functionalised by checkify (the estimator alone:
+    checkify cannot take the rollout's batched while loops), and the metrics carry the
+    `checkify.Error` as `INPUT_CHECKS`; else no metric."""
     if not config.check_inputs:
-        return None, estimate_advantages(trajectory, rewards, kl_reward, config)
+        return *estimate_advantages(trajectory, rewards, kl_reward, config), {}
     checked = checkify.checkify(estimate_advantages, errors=checkify.user_checks)
-    return checked(trajectory, rewards, kl_reward, config)
+    error, (advantages, value_targets) = checked(trajectory, rewards, kl_reward, config)
+    return advantages, value_targets, {INPUT_CHECKS: error}
 
 
 def _scan_updates(update, state, length: int, first_step: int, credit_every: int):
