@@ -243,16 +243,23 @@ def write_report(
     return out
 
 
-def success_at_budget(rows: Sequence[Mapping[str, Any]], budget: float) -> dict[str, Any]:
-    """Per condition: each seed's mean training success over the last 10% of its updates
-    at or below `budget` total turns (0 for a seed with none), IQM / mean with CIs, and
+def success_at_budget(
+    rows: Sequence[Mapping[str, Any]],
+    budget: float,
+    *,
+    experience: str = report.TOTAL_TURNS,
+    metric: str = "success",
+) -> dict[str, Any]:
+    """Per condition: each seed's mean `metric` over the last 10% of its rows at or below
+    `budget` of `experience` (0 for a seed with none), IQM / mean with CIs, and
     Holm-corrected comparisons."""
     per_seed: dict[str, list[float]] = {}
     for (condition, _), curve in report.seed_curves(rows).items():
-        within = [r for r in curve if r[report.TOTAL_TURNS] <= budget]
-        value = report.final_mean(within, "success", 0.1) if within else 0.0
+        within = [r for r in curve if r[experience] <= budget]
+        value = report.final_mean(within, metric, 0.1) if within else 0.0
         per_seed.setdefault(condition, []).append(value)
     return {
+        "budget": budget,
         "per_seed": per_seed,
         "estimates": stats.interval_estimates(per_seed),
         "comparisons": stats.pairwise_comparisons(per_seed),
