@@ -223,3 +223,22 @@ def test_resume_restores_the_scheduler_state_exactly(tmp_path):
     assert len(set(probs.values())) > 2  # the probabilities moved with the EMAs
     emas = [r["curriculum_ema0"] for r in straight if r["seed"] == 0]
     assert emas[0] < 0.9 and emas == sorted(emas, reverse=True)  # state carried, not reset
+
+
+@pytest.mark.slow
+def test_study_runs_end_to_end(tmp_path):
+    from experiments.configs import curriculum as curriculum_config
+    from experiments.studies import curriculum as study
+
+    config = curriculum_config.get_config()
+    config.update(dict(stages="l1,l2", seeds=1))
+    config.train.update(dict(num_updates=5, num_groups=2, group_size=2))
+    config.curriculum.every, config.eval.every, config.eval.episodes = 5, 5, 8
+    summary = study.run(config, str(tmp_path), progress=False)
+    assert set(summary["stage_reached"]) == {"success", "fixed", "final"}
+    assert summary["stage_reached"]["final"] == ["l2"]
+    for name in ("summary.md", "summary.json", "curves.png", "stages.png", "provenance.json"):
+        assert (tmp_path / name).exists()
+    config.schedules = "success,anneal"
+    with pytest.raises(ValueError, match="config.schedules"):
+        study.run(config, str(tmp_path / "bad"), progress=False)

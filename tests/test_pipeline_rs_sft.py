@@ -99,7 +99,7 @@ def test_best_of_n_sft_accepts_by_threshold_in_one_program(tiny_policy_config):
     # Same key, same first batch: the cost is every sampled episode's turns, accepted or not.
     assert float(everything.env_turns[0]) == float(nothing.env_turns[0]) >= tasks * n
     # The first step's outcome-accepted episodes are the solved ones of that batch.
-    first = source(params, jax.random.split(key, 2)[0], jnp.asarray(1.0))
+    first = jax.jit(source)(params, jax.random.split(key, 2)[0], jnp.asarray(1.0))
     assert float(solved.accepted[0]) == float(jnp.sum(first.trajectory.episode_success))
 
 

@@ -11,13 +11,10 @@ field of its typed config, so any field can be overridden from the command line.
 
 import ml_collections
 
+from experiments.configs import rs_sft
 from experiments.studies.sections import section
 from rlagent.envs.toolworld import ToolWorldConfig
-from rlagent.envs.toolworld import dsl
-from rlagent.models import PolicyConfig
 from rlagent.pipeline.curriculum import CurriculumConfig
-from rlagent.rollout import RolloutConfig
-from rlagent.train.config import TrainConfig
 from rlagent.train.evaluation import EvalConfig
 
 
@@ -34,27 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.curriculum = section(CurriculumConfig, every=5)
     # The base env (ToolWorldConfig fields); each stage sets its level / horizon fields.
     config.env = section(ToolWorldConfig)
-    config.model = section(
-        PolicyConfig,
-        vocab_size=dsl.VOCAB_SIZE,
-        d_model=32,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        mlp_dim=64,
-        summary_dim=32,
-        num_summary_slots=2,
-        copy_prior=3.0,
-    )
-    config.rollout = section(RolloutConfig, window=1, constrained=True)
-    config.train = section(
-        TrainConfig,
-        num_updates=30,
-        num_groups=8,
-        group_size=8,
-        estimator="gae_turn",
-        learning_rate=1e-3,
-    )
+    rs_sft.add_policy_sections(config, num_updates=30)
     # Held-out evaluation on the last stage (a multiple of curriculum.every keeps one program).
     config.eval = section(EvalConfig, every=10, episodes=64)
     return config

@@ -41,6 +41,15 @@ def get_config() -> ml_collections.ConfigDict:
 
     # The base env (ToolWorldConfig fields); each family sets its level / horizon fields.
     config.env = section(ToolWorldConfig)
+    add_policy_sections(config, num_updates=40)
+    # Held-out evaluation between chunks (and of every start, after SFT).
+    config.eval = section(EvalConfig, every=20, episodes=64)
+    return config
+
+
+def add_policy_sections(config: ml_collections.ConfigDict, *, num_updates: int) -> None:
+    """The `model`, `rollout` and `train` sections the pipeline studies share: the tiny
+    Llama with a copy gate of the main experiment, PPO with turn-level GAE."""
     config.model = section(
         PolicyConfig,
         vocab_size=dsl.VOCAB_SIZE,
@@ -56,12 +65,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.rollout = section(RolloutConfig, window=1, constrained=True)
     config.train = section(
         TrainConfig,
-        num_updates=40,
+        num_updates=num_updates,
         num_groups=8,
         group_size=8,
         estimator="gae_turn",
         learning_rate=1e-3,
     )
-    # Held-out evaluation between chunks (and of every start, after SFT).
-    config.eval = section(EvalConfig, every=20, episodes=64)
-    return config
