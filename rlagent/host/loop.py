@@ -101,7 +101,6 @@ def run(
     curriculum: Any = None,
 ) -> list[dict[str, Any]]:
     """Trains every (reward condition, seed) pair in parallel; returns all metric rows.
-
     `conditions` names reward forms (`rlagent.train.config.REWARDS`; default
     `[config.reward]`): they differ only in the reward weights carried in the runner
     state, so all runs share one compiled program. Each row is one (update, condition,
@@ -115,17 +114,13 @@ def run(
     checkpoint is written; `resume=True` continues). `initial_params` (parameters with a
     leading `[len(seeds)]` axis, e.g. from `rlagent.pipeline.warm_start`) replace each
     seed's fresh initial policy and KL reference, alike for every condition;
-    `initial_params_config` (how they were made) joins the resolved config, so that
-    `resume` refuses a different one. See the module docstring for `resume` / `overwrite`
-    and the errors raised (`RunError`, `Diverged`). `curriculum`: a scheduler of the stage
-    probabilities of `env` (a stage mixture with `with_probs`; the module docstring), its
-    config part of the resolved config, its columns (`curriculum.columns`) in the rows.
+    `initial_params_config` (how they were made) joins the resolved config (`resume`
+    refuses another); `resume`, `overwrite`, `curriculum`, errors: the module docstring.
     """
     conditions = list(conditions) if conditions else [config.reward]
     _check_arguments(config, env, rollout_config, seeds, conditions, prm=prm, probe=probe,
-                     chunk_size=chunk_size, resume=resume, overwrite=overwrite)  # fmt: skip
-    if curriculum is not None and (prm.kind != "none" or probe.every):
-        raise ValueError("curriculum= runs take no PRM and no credit probe.")
+                     chunk_size=chunk_size, resume=resume, overwrite=overwrite,
+                     curriculum=curriculum)  # fmt: skip
     runs = [(condition, int(seed)) for condition in conditions for seed in seeds]
     resolved = provenance.resolved(
         train=config, env=getattr(env, "config", repr(env)), model=policy_config,
@@ -139,24 +134,19 @@ def run(
         workdir, resume=resume, overwrite=overwrite, config=resolved, may_change=may_change,
         note=note,
     )  # fmt: skip
-    record = provenance.collect(resolved, chunk_size=chunk_size)
-    provenance.write(workdir, record)
+    provenance.write(workdir, record := provenance.collect(resolved, chunk_size=chunk_size))
     trainer = _trainer(config, env, policy_config, rollout_config, mesh, prm=prm, probe=probe)
-    state = _initial_state(trainer, config, runs, seeds, initial_params)
-    if curriculum is not None:
-        schedule = curriculum.init(len(runs))
-        state = Curriculum(state, schedule, curriculum.probs(schedule, 0))
+    state, chunks = _initial_state(trainer, config, runs, seeds, initial_params), trainer
+    if curriculum is not None:  # the chunks' stage probabilities come from the scheduler
+        chunks = _CurriculumTrainer(config, env, policy_config, rollout_config, mesh, curriculum)
+        state, env = chunks.start(state, len(runs)), curriculum.eval_env  # env: evaluation's
     writer, manager = MetricWriter(workdir, tensorboard=tensorboard), None
     try:
         manager = _checkpoint_manager(workdir) if checkpoint else None
         done, state, rows = _resume(manager, writer, state, runs, resume=resume)
-        eval_env = env if curriculum is None else curriculum.eval_env
-        evaluate = _evaluator(trainer, eval_env, rollout_config, evaluation)
-        if curriculum is not None:
-            trainer = _CurriculumTrainer(config, env, policy_config, rollout_config, mesh,
-                                         curriculum)  # fmt: skip
+        evaluate = _evaluator(trainer, env, rollout_config, evaluation)
         rows = _train(
-            trainer, evaluate, state, done=done, rows=rows, runs=runs, config=config,
+            chunks, evaluate, state, done=done, rows=rows, runs=runs, config=config,
             writer=writer, manager=manager, chunk_size=chunk_size, stop_after=stop_after,
             progress=progress, eval_every=evaluation.every, credit_every=probe.every,
         )  # fmt: skip
@@ -188,6 +178,10 @@ class _CurriculumTrainer(NamedTuple):
     rollout_config: Any
     mesh: Any
     curriculum: Any
+
+    def start(self, state: RunnerState, num_runs: int) -> Curriculum:
+        schedule = self.curriculum.init(num_runs)
+        return Curriculum(state, schedule, self.curriculum.probs(schedule, 0))
 
     def chunk(self, state: Curriculum, length: int, done: int):
         scheduler, schedule, probs = self.curriculum, state.scheduler, state.probs
@@ -221,10 +215,13 @@ def _resume(manager, writer, state, runs, *, resume: bool):
 
 
 def _check_arguments(
-    config, env, rollout_config, seeds, conditions, *, prm, probe, chunk_size, resume, overwrite
-) -> None:
+    config, env, rollout_config, seeds, conditions, *, prm, probe, chunk_size, resume, overwrite,
+    curriculum=None,
+) -> None:  # fmt: skip
     """Refuses bad arguments before anything is written (a reward form the env cannot
     pay or without the PRM it reads, extras' configs that do not fit the run)."""
+    if curriculum is not None and (prm.kind != "none" or probe.every):
+        raise ValueError("curriculum= runs take no PRM and no credit probe.")
     if resume and overwrite:
         raise ValueError("resume=True and overwrite=True exclude each other.")
     if chunk_size < 1:
