@@ -169,8 +169,8 @@ def test_mixture_plays_the_drawn_stage_and_draws_by_probs():
     key = jax.random.PRNGKey(5)
     for k, stage in enumerate(stages):
         one_hot = mixture.with_probs(jnp.eye(2)[k])
-        mixed = mc.sample_env_episodes(one_hot, mc.oracle(one_hot), key, 4)
-        plain = mc.sample_env_episodes(stage, mc.oracle(stage), key, 4)
+        mixed = _episodes(one_hot, key)
+        plain = _episodes(stage, key)
         turns = stage.max_turns
         np.testing.assert_array_equal(mixed.actions[:, :turns], plain.actions)
         np.testing.assert_array_equal(mixed.signals.turn_mask[:, :turns], plain.signals.turn_mask)
@@ -179,12 +179,15 @@ def test_mixture_plays_the_drawn_stage_and_draws_by_probs():
         metrics = one_hot.episode_metrics(traj.signals, traj.turn_mask, traj.action_tokens)
         assert float(metrics[f"curriculum_episodes_{k}"]) == 4.0
         assert float(metrics[f"curriculum_solved_{k}"]) == 4.0  # the oracle solves them all
-    states, _ = jax.vmap(mixture.with_probs(jnp.asarray([0.25, 0.75])).reset)(
-        jax.random.split(key, 4000)
-    )
+    reset = jax.jit(jax.vmap(mixture.with_probs(jnp.asarray([0.25, 0.75])).reset))
+    states, _ = reset(jax.random.split(key, 4000))
     assert abs(float(jnp.mean(states.stage)) - 0.75) < 0.03
     with pytest.raises(ValueError, match="turn_len"):
         StageMixture([stages[0], ToolWorld(level_config(1, turn_len=7))])
+
+
+def _episodes(env, key):
+    return jax.jit(lambda k: mc.sample_env_episodes(env, mc.oracle(env), k, 4))(key)
 
 
 # Resume: the scheduler's state is checkpointed with the runner states.

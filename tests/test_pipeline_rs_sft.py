@@ -63,7 +63,8 @@ def test_rejection_config_names_the_bad_field(field, value, message):
 
 def test_weighted_likelihood_equals_slicing_the_accepted_episodes():
     env = ToolWorld(level_config(1))
-    traj = mc.env_trajectory(env, mc.sample_env_episodes(env, mc.oracle(env), jax.random.key(0), 4))
+    sample = jax.jit(lambda key: mc.sample_env_episodes(env, mc.oracle(env), key, 4))
+    traj = mc.env_trajectory(env, sample(jax.random.key(0)))
     logp = -jax.random.uniform(jax.random.key(1), traj.action_tokens.shape)
     weights = jnp.asarray([1.0, 0.0, 1.0, 0.0])
     weighted = weighted_log_likelihood(logp, Demonstrations(traj, weights, jnp.zeros(())))
