@@ -167,10 +167,12 @@ def test_mixture_plays_the_drawn_stage_and_draws_by_probs():
     mixture = StageMixture(stages, pad_progress=2)
     assert (mixture.max_turns, mixture.num_markers) == (stages[1].max_turns, 1)
     key = jax.random.PRNGKey(5)
+    # The probabilities are data: one compiled sampler serves both stages.
+    sample = jax.jit(lambda probs, k: _episodes(mixture.with_probs(probs), k))
     for k, stage in enumerate(stages):
         one_hot = mixture.with_probs(jnp.eye(2)[k])
-        mixed = _episodes(one_hot, key)
-        plain = _episodes(stage, key)
+        mixed = sample(jnp.eye(2)[k], key)
+        plain = jax.jit(_episodes, static_argnums=0)(stage, key)
         turns = stage.max_turns
         np.testing.assert_array_equal(mixed.actions[:, :turns], plain.actions)
         np.testing.assert_array_equal(mixed.signals.turn_mask[:, :turns], plain.signals.turn_mask)
@@ -179,6 +181,7 @@ def test_mixture_plays_the_drawn_stage_and_draws_by_probs():
         metrics = one_hot.episode_metrics(traj.signals, traj.turn_mask, traj.action_tokens)
         assert float(metrics[f"curriculum_episodes_{k}"]) == 4.0
         assert float(metrics[f"curriculum_solved_{k}"]) == 4.0  # the oracle solves them all
+    assert sample._cache_size() == 1
     reset = jax.jit(jax.vmap(mixture.with_probs(jnp.asarray([0.25, 0.75])).reset))
     states, _ = reset(jax.random.split(key, 4000))
     assert abs(float(jnp.mean(states.stage)) - 0.75) < 0.03
@@ -187,7 +190,7 @@ def test_mixture_plays_the_drawn_stage_and_draws_by_probs():
 
 
 def _episodes(env, key):
-    return jax.jit(lambda k: mc.sample_env_episodes(env, mc.oracle(env), k, 4))(key)
+    return mc.sample_env_episodes(env, mc.oracle(env), key, 4)
 
 
 # Resume: the scheduler's state is checkpointed with the runner states.

@@ -11,13 +11,11 @@ of its typed config, so any field can be overridden from the command line.
 
 import ml_collections
 
+from experiments.configs import sparse_vs_dense
 from experiments.studies.sections import section
 from rlagent.envs.toolworld import ToolWorldConfig
-from rlagent.envs.toolworld import dsl
-from rlagent.models import PolicyConfig
 from rlagent.pipeline.rejection import RejectionConfig
 from rlagent.pipeline.warm_start import WarmStartConfig
-from rlagent.rollout import RolloutConfig
 from rlagent.train.config import TrainConfig
 from rlagent.train.evaluation import EvalConfig
 
@@ -50,19 +48,8 @@ def get_config() -> ml_collections.ConfigDict:
 def add_policy_sections(config: ml_collections.ConfigDict, *, num_updates: int) -> None:
     """The `model`, `rollout` and `train` sections the pipeline studies share: the tiny
     Llama with a copy gate of the main experiment, PPO with turn-level GAE."""
-    config.model = section(
-        PolicyConfig,
-        vocab_size=dsl.VOCAB_SIZE,
-        d_model=32,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        mlp_dim=64,
-        summary_dim=32,
-        num_summary_slots=2,
-        copy_prior=3.0,
-    )
-    config.rollout = section(RolloutConfig, window=1, constrained=True)
+    main = sparse_vs_dense.get_config()  # the tiny Llama with a copy gate, its rollout
+    config.model, config.rollout = main.model, main.rollout
     config.train = section(
         TrainConfig,
         num_updates=num_updates,
