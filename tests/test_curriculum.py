@@ -170,15 +170,12 @@ def test_mixture_plays_the_drawn_stage_and_draws_by_probs():
     # The probabilities are data: one compiled sampler serves both stages.
     sample = jax.jit(lambda probs, k: _episodes(mixture.with_probs(probs), k))
     for k, stage in enumerate(stages):
-        one_hot = mixture.with_probs(jnp.eye(2)[k])
-        mixed = sample(jnp.eye(2)[k], key)
-        plain = jax.jit(_episodes, static_argnums=0)(stage, key)
+        mixed, metrics = sample(jnp.eye(2)[k], key)
+        plain, _ = jax.jit(_episodes, static_argnums=0)(stage, key)
         turns = stage.max_turns
         np.testing.assert_array_equal(mixed.actions[:, :turns], plain.actions)
         np.testing.assert_array_equal(mixed.signals.turn_mask[:, :turns], plain.signals.turn_mask)
         assert not np.any(mixed.signals.turn_mask[:, turns:])
-        traj = mc.env_trajectory(one_hot, mixed)
-        metrics = one_hot.episode_metrics(traj.signals, traj.turn_mask, traj.action_tokens)
         assert float(metrics[f"curriculum_episodes_{k}"]) == 4.0
         assert float(metrics[f"curriculum_solved_{k}"]) == 4.0  # the oracle solves them all
     assert sample._cache_size() == 1
@@ -190,7 +187,10 @@ def test_mixture_plays_the_drawn_stage_and_draws_by_probs():
 
 
 def _episodes(env, key):
-    return mc.sample_env_episodes(env, mc.oracle(env), key, 4)
+    """4 oracle episodes of `env` and their `episode_metrics`."""
+    episodes = mc.sample_env_episodes(env, mc.oracle(env), key, 4)
+    traj = mc.env_trajectory(env, episodes)
+    return episodes, env.episode_metrics(traj.signals, traj.turn_mask, traj.action_tokens)
 
 
 # Resume: the scheduler's state is checkpointed with the runner states.

@@ -106,9 +106,10 @@ def test_best_of_n_sft_accepts_by_threshold_in_one_program(tiny_policy_config):
 
 def test_study_config_errors_name_the_field():
     config = rs_sft_config.get_config()
+    config.update(dict(samples="2,8", thresholds="outcome@1,process@0.5"))
     labels = [c[0] for c in rs_sft.conditions(config)]
-    assert labels == ["scratch", "oracle", "rs_n2_outcome1", "rs_n2_process1",
-                      "rs_n8_outcome1", "rs_n8_process1"]  # fmt: skip
+    assert labels == ["scratch", "oracle", "rs_n2_outcome1", "rs_n2_process0.5",
+                      "rs_n8_outcome1", "rs_n8_process0.5"]  # fmt: skip
     config.thresholds = "vibes@1"
     with pytest.raises(ValueError, match="config.thresholds"):
         rs_sft.conditions(config)

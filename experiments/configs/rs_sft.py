@@ -4,7 +4,8 @@ Usage:
   python -m experiments.pipeline --config=experiments/configs/rs_sft.py \
       --config.envs=l2,l3,l4,h10 --config.seeds=5
 
-Quick defaults (one family, 3 seeds, N in {2, 8}) run in a few minutes on a CPU;
+Quick defaults (level 2, 3 seeds, scratch / oracle / best-of-4 by the outcome, 10 SFT
+steps, 30 updates);
 experiments/configs/rs_sft_full.py is the committed run's. Each section holds every field
 of its typed config, so any field can be overridden from the command line.
 """
@@ -24,8 +25,8 @@ def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     # Task families: 'l<k>' a ToolWorld curriculum level, 'h<H>' horizon_config(H) tasks.
     config.envs = "l2"
-    config.samples = "2,8"  # N of best-of-N (one rs condition per N and threshold).
-    config.thresholds = "outcome@1,process@1"  # judge@threshold: accepted when score >= it.
+    config.samples = "4"  # N of best-of-N (one rs condition per N and threshold).
+    config.thresholds = "outcome@1"  # judge@threshold: accepted when score >= it.
     config.seeds = 3  # seeds per condition, trained in parallel under vmap.
     config.first_seed = 0
     config.chunk_size = 10  # updates per jitted call between metric writes / checkpoints.
@@ -33,13 +34,13 @@ def get_config() -> ml_collections.ConfigDict:
 
     # SFT (rlagent.pipeline.warm_start.WarmStartConfig): steps of every SFT condition;
     # batch_size = oracle episodes per step (the oracle condition's data).
-    config.sft = section(WarmStartConfig, steps=15, batch_size=16, learning_rate=3e-3)
+    config.sft = section(WarmStartConfig, steps=10, batch_size=16, learning_rate=3e-3)
     # Best-of-N (rlagent.pipeline.rejection.RejectionConfig); samples is set per condition.
     config.rejection = section(RejectionConfig, tasks=8, judge="outcome", keep="best")
 
     # The base env (ToolWorldConfig fields); each family sets its level / horizon fields.
     config.env = section(ToolWorldConfig)
-    add_policy_sections(config, num_updates=40)
+    add_policy_sections(config, num_updates=30)
     # Held-out evaluation between chunks (and of every start, after SFT).
     config.eval = section(EvalConfig, every=20, episodes=64)
     return config

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlagent.envs.base import Environment
+from rlagent.envs.base import turn_signals
 from rlagent.envs.base import turn_success
 
 KINDS = ("success", "fixed", "final")
@@ -379,11 +380,10 @@ class StageMixture:
         return Observation(tokens=observation.tokens, progress=progress.astype(jnp.int32))
 
     def _timestep(self, state: MixtureState, timesteps: Sequence[Any]) -> TimeStep:
-        names = self.stages[0].signal_names
         steps = []
-        for timestep in timesteps:
+        for stage, timestep in zip(self.stages, timesteps, strict=True):
             played = jnp.ones((), bool)
-            signals = {name: _signal(timestep, name) for name in names}
+            signals = turn_signals(stage, timestep, played)
             signals["success"] = turn_success(timestep, played)
             steps.append(TimeStep(
                 step_type=jnp.asarray(timestep.step_type, jnp.int8),
@@ -396,9 +396,3 @@ class StageMixture:
         picked.signals[STAGE_SIGNAL] = state.stage.astype(jnp.float32) + 1.0
         picked.signals[SOLVED_SIGNAL] = picked.signals["success"].astype(jnp.float32)
         return picked
-
-
-def _signal(timestep: Any, name: str) -> jax.Array:
-    signals = timestep.signals
-    value = signals[name] if isinstance(signals, dict) else getattr(signals, name)
-    return jnp.asarray(value, jnp.float32)
