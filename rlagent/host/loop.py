@@ -19,6 +19,12 @@ What a run folder guarantees:
 - A non-finite loss or gradient (flagged inside the compiled update, which then skips
   that parameter update) stops the run at the next metric write with `Diverged`; the
   state of that chunk is not checkpointed, so the last checkpoint is finite.
+
+With `curriculum=` (a scheduler, e.g. `rlagent.pipeline.curriculum.Scheduler`) the env is a
+mixture of stages whose stage probabilities are an argument of the compiled chunk (one
+program for every distribution); the scheduler sees every update's metrics, decides every
+`curriculum.every` updates (chunks end there) and its state is checkpointed beside the
+runner states, so a resumed run continues it exactly.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import shutil
 import time
 from collections.abc import Sequence
 from typing import Any
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -92,9 +99,9 @@ def run(
     checkpoint: bool = True,
     initial_params: Any = None,
     initial_params_config: Any = None,
+    curriculum: Any = None,
 ) -> list[dict[str, Any]]:
     """Trains every (reward condition, seed) pair in parallel; returns all metric rows.
-
     `conditions` names reward forms (`rlagent.train.config.REWARDS`; default
     `[config.reward]`): they differ only in the reward weights carried in the runner
     state, so all runs share one compiled program. Each row is one (update, condition,
@@ -108,36 +115,39 @@ def run(
     checkpoint is written; `resume=True` continues). `initial_params` (parameters with a
     leading `[len(seeds)]` axis, e.g. from `rlagent.pipeline.warm_start`) replace each
     seed's fresh initial policy and KL reference, alike for every condition;
-    `initial_params_config` (how they were made) joins the resolved config, so that
-    `resume` refuses a different one. See the module docstring for `resume` / `overwrite`
-    and the errors raised (`RunError`, `Diverged`).
+    `initial_params_config` (how they were made) joins the resolved config (`resume`
+    refuses another); `resume`, `overwrite`, `curriculum`, errors: the module docstring.
     """
     conditions = list(conditions) if conditions else [config.reward]
     _check_arguments(config, env, rollout_config, seeds, conditions, prm=prm, probe=probe,
-                     chunk_size=chunk_size, resume=resume, overwrite=overwrite)  # fmt: skip
+                     chunk_size=chunk_size, resume=resume, overwrite=overwrite,
+                     curriculum=curriculum)  # fmt: skip
     runs = [(condition, int(seed)) for condition in conditions for seed in seeds]
     resolved = provenance.resolved(
         train=config, env=getattr(env, "config", repr(env)), model=policy_config,
         rollout=rollout_config, prm=prm, probe=probe, eval=evaluation,
         seeds=[int(seed) for seed in seeds], conditions=conditions,
         **({} if initial_params is None else {"initial_params": initial_params_config}),
+        **({} if curriculum is None else {"curriculum": curriculum.config}),
     )  # fmt: skip
     may_change, note = resumable_fields(config.lr_schedule, extra=("train.check_inputs",))
     resume = prepare_workdir(
         workdir, resume=resume, overwrite=overwrite, config=resolved, may_change=may_change,
         note=note,
     )  # fmt: skip
-    record = provenance.collect(resolved, chunk_size=chunk_size)
-    provenance.write(workdir, record)
+    provenance.write(workdir, record := provenance.collect(resolved, chunk_size=chunk_size))
     trainer = _trainer(config, env, policy_config, rollout_config, mesh, prm=prm, probe=probe)
-    state = _initial_state(trainer, config, runs, seeds, initial_params)
+    state, chunks = _initial_state(trainer, config, runs, seeds, initial_params), trainer
+    if curriculum is not None:  # the chunks' stage probabilities come from the scheduler
+        chunks = _CurriculumTrainer(config, env, policy_config, rollout_config, mesh, curriculum)
+        state, env = chunks.start(state, len(runs)), curriculum.eval_env  # env: evaluation's
     writer, manager = MetricWriter(workdir, tensorboard=tensorboard), None
     try:
         manager = _checkpoint_manager(workdir) if checkpoint else None
         done, state, rows = _resume(manager, writer, state, runs, resume=resume)
         evaluate = _evaluator(trainer, env, rollout_config, evaluation)
         rows = _train(
-            trainer, evaluate, state, done=done, rows=rows, runs=runs, config=config,
+            chunks, evaluate, state, done=done, rows=rows, runs=runs, config=config,
             writer=writer, manager=manager, chunk_size=chunk_size, stop_after=stop_after,
             progress=progress, eval_every=evaluation.every, credit_every=probe.every,
         )  # fmt: skip
@@ -147,6 +157,51 @@ def run(
         writer.close()
         if manager is not None:
             manager.close()
+
+
+class Curriculum(NamedTuple):
+    """What a curriculum run checkpoints: the runner states and the scheduler's."""
+
+    runner: RunnerState
+    scheduler: Any  # the scheduler's state (NumPy arrays with a leading runs axis).
+    # [runs, stages] the probabilities decided last, held until the next decision (a run
+    # stopped between decisions resumes with them).
+    probs: np.ndarray
+
+
+class _CurriculumTrainer(NamedTuple):
+    """Chunks of a curriculum run: `chunk(state, length, done)` runs `length` updates with
+    the scheduler's stage probabilities and feeds it every update's metrics."""
+
+    config: TrainConfig
+    env: Any
+    policy_config: Any
+    rollout_config: Any
+    mesh: Any
+    curriculum: Any
+
+    def start(self, state: RunnerState, num_runs: int) -> Curriculum:
+        schedule = self.curriculum.init(num_runs)
+        return Curriculum(state, schedule, self.curriculum.probs(schedule, 0))
+
+    def chunk(self, state: Curriculum, length: int, done: int):
+        scheduler, schedule, probs = self.curriculum, state.scheduler, state.probs
+        if done % scheduler.every == 0:
+            probs = scheduler.probs(schedule, done)
+        program = _curriculum_chunk(
+            self.config, self.env, self.policy_config, self.rollout_config, self.mesh, length
+        )
+        runner, metrics = program(state.runner, jnp.asarray(probs))
+        metrics = jax.device_get(metrics)
+        checks = {k: metrics.pop(k) for k in (INPUT_CHECKS,) if k in metrics}  # for _train
+        columns = []
+        for t in range(length):
+            schedule = scheduler.observe(schedule, {k: v[:, t] for k, v in metrics.items()})
+            columns.append(scheduler.columns(schedule, probs))
+        if (done + length) % scheduler.every == 0:
+            schedule = scheduler.decide(schedule)
+        metrics.update({k: np.stack([c[k] for c in columns], 1) for k in columns[0]}, **checks)
+        return Curriculum(runner, schedule, probs), metrics
 
 
 def _resume(manager, writer, state, runs, *, resume: bool):
@@ -162,10 +217,13 @@ def _resume(manager, writer, state, runs, *, resume: bool):
 
 
 def _check_arguments(
-    config, env, rollout_config, seeds, conditions, *, prm, probe, chunk_size, resume, overwrite
-) -> None:
+    config, env, rollout_config, seeds, conditions, *, prm, probe, chunk_size, resume, overwrite,
+    curriculum=None,
+) -> None:  # fmt: skip
     """Refuses bad arguments before anything is written (a reward form the env cannot
     pay or without the PRM it reads, extras' configs that do not fit the run)."""
+    if curriculum is not None and (prm.kind != "none" or probe.every):
+        raise ValueError("curriculum= runs take no PRM and no credit probe.")
     if resume and overwrite:
         raise ValueError("resume=True and overwrite=True exclude each other.")
     if chunk_size < 1:
@@ -224,10 +282,14 @@ def _train(
             length = min(chunk_size, last - done)
             if evaluate is not None:  # end the chunk at the next evaluation
                 length = min(length, eval_every - done % eval_every)
-            chunk = _chunk(trainer, length, done % credit_every if credit_every else 0)
             start = time.perf_counter()
-            state, metrics = chunk(state)
-            metrics = jax.device_get(metrics)  # [runs, length] per metric; waits for the device.
+            if isinstance(trainer, _CurriculumTrainer):  # chunks end at its decisions
+                length = min(length, trainer.curriculum.every - done % trainer.curriculum.every)
+                state, metrics = trainer.chunk(state, length, done)
+            else:
+                chunk = _chunk(trainer, length, done % credit_every if credit_every else 0)
+                state, metrics = chunk(state)
+                metrics = jax.device_get(metrics)  # [runs, length] per metric; waits.
             _raise_failed_checks(metrics.pop(INPUT_CHECKS, None), done, length, runs)
             seconds = time.perf_counter() - start
             throughput = float(np.sum(metrics["env_turns"])) / seconds
@@ -245,7 +307,8 @@ def _train(
                 evaluated = diverged is None and (
                     (done + length) % eval_every == 0 or done + length == config.num_updates
                 )
-                _add_evaluation(new_rows, runs, evaluate(state.params) if evaluated else None)
+                params = (state.runner if isinstance(state, Curriculum) else state).params
+                _add_evaluation(new_rows, runs, evaluate(params) if evaluated else None)
             writer.write(new_rows)
             rows.extend(new_rows)
             if diverged is not None:
@@ -270,8 +333,8 @@ def _metrics_reach(rows: list[dict[str, Any]], runs: list[tuple[str, int]]) -> i
 
 
 def _restore(
-    manager: ocp.CheckpointManager, state: RunnerState, *, reach: int
-) -> tuple[int, RunnerState]:
+    manager: ocp.CheckpointManager, state: RunnerState | Curriculum, *, reach: int
+) -> tuple[int, RunnerState | Curriculum]:
     """The newest readable checkpoint that the metrics reach (`reach`: the last update
     with every run's row); unreadable ones and those past the metrics (rows lost from a
     cut metrics.csv) are named and removed. Refuses when checkpoints exist but none is
@@ -310,14 +373,20 @@ def _restore(
         logging.warning("Resuming %s from checkpoint step %d.", manager.directory, step)
         # Restored arrays are committed to a device, fresh ones are not; as a jit cache key
         # that difference would recompile the chunk (a full compile on every resume).
-        return int(step), jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), restored)
+        restored = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), restored)
+        if isinstance(state, Curriculum):  # the scheduler's state lives on the host
+            restored = restored._replace(
+                scheduler=jax.tree.map(np.asarray, restored.scheduler),
+                probs=np.asarray(restored.probs),
+            )
+        return int(step), restored
     logging.warning(
         "--resume: no readable checkpoint in %s; starting from scratch.", manager.directory
     )
     return 0, state
 
 
-def _save(manager: ocp.CheckpointManager, step: int, state: RunnerState) -> None:
+def _save(manager: ocp.CheckpointManager, step: int, state: RunnerState | Curriculum) -> None:
     try:
         manager.save(step, args=ocp.args.StandardSave(state))
     except Exception as error:
@@ -353,7 +422,7 @@ def _divergence_message(metrics, t, done, runs, manager) -> str:
 def clear_compiled() -> None:
     """Drops the cached trainers and compiled programs (and jax's caches): a long sweep of
     many programs, each compiled once, would otherwise keep every executable in memory."""
-    for cached in (_trainer, _init, _chunk, _evaluator):
+    for cached in (_trainer, _init, _chunk, _curriculum_chunk, _evaluator):
         cached.cache_clear()
     jax.clear_caches()
 
@@ -399,6 +468,20 @@ def _evaluator(trainer: Trainer, env, rollout_config, evaluation: EvalConfig):
 @functools.lru_cache(maxsize=16)
 def _init(trainer: Trainer):
     return jax.jit(jax.vmap(trainer.init))
+
+
+@functools.lru_cache(maxsize=16)
+def _curriculum_chunk(config, env, policy_config, rollout_config, mesh, length: int):
+    """`jit(vmap(chunk))(states, probs [runs, stages])`: `length` updates of every run on
+    `env.with_probs(probs)`; the probabilities are data, so one program serves them all."""
+
+    def chunk(state: RunnerState, probs: jax.Array):
+        trainer = make_train(
+            config, env.with_probs(probs), policy_config, rollout_config, mesh=mesh
+        )
+        return trainer.updates(state, length)
+
+    return jax.jit(jax.vmap(chunk))
 
 
 @functools.lru_cache(maxsize=32)

@@ -1,0 +1,28 @@
+r"""Rejection sampling -> SFT -> RL against RL from scratch and oracle cloning.
+
+  python -m experiments.pipeline --config=experiments/configs/rs_sft.py --workdir=runs/rs_sft
+  python -m experiments.pipeline --config=experiments/configs/rs_sft_full.py
+
+Writes to --workdir: metrics.csv, curves_<family>.png (success vs total environment turns,
+SFT included), sweep.png (AUC and head start over N per threshold), summary.md,
+summary.json, provenance.json, and per family and condition the loop's run folder
+(`experiments.studies.rs_sft`). A non-empty --workdir needs --resume or --overwrite.
+"""
+
+from __future__ import annotations
+
+from absl import app
+
+from experiments import launch
+from experiments.studies import rs_sft
+
+_FLAGS = launch.define_flags("rs_sft")
+
+
+def main(argv):
+    del argv
+    launch.run_study(rs_sft.run, _FLAGS)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,335 @@
+"""Rejection sampling -> SFT -> RL: the head start of best-of-N SFT from the current policy.
+
+For every task family of `config.envs` (`l2`..`l4`: ToolWorld curriculum levels, `h<H>`:
+the exact-horizon tasks of `horizon_config(H)`) every seed trains PPO (`rlagent.host.loop`)
+from one of these starting policies:
+
+* `scratch`: the random initial policy;
+* `oracle`: behaviour cloning of oracle demonstrations (`warm_start.oracle_demonstrations`);
+* `rs_n<N>_<judge><T>`: `config.sft.steps` SFT steps, each on the best-of-N samples of the
+  policy being fine-tuned (`rlagent.pipeline.rejection.best_of_n`: N per task for
+  `config.rejection.tasks` tasks, accepted when the judge `config.rejection.judge` scores
+  them >= T), for every N of `config.samples` and `judge@T` of `config.thresholds`.
+
+Every condition of a family shares one compiled RL program (and one SFT program per N: the
+threshold is data). Cost is counted in environment turns: the SFT episodes (sampled,
+accepted or not; the oracle's demonstrations) come before the RL experience on the x-axis
+(`total_turns`, success 0 while fine-tuning), and conditions are compared at the budget
+that every run reached (`report.summarize`'s AUC and turns-to-threshold; the success at
+that budget). Per family and condition: held-out success right after SFT (the head start,
+`rlagent.train.evaluation`, sampled and greedy) and at the end of RL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from experiments.studies import common
+from experiments.studies.sections import make
+from rlagent.analysis import report
+from rlagent.analysis import stats
+from rlagent.envs.toolworld import horizon_config
+from rlagent.host import loop
+from rlagent.host import provenance
+from rlagent.pipeline.rejection import RejectionConfig
+from rlagent.pipeline.rejection import best_of_n
+from rlagent.pipeline.warm_start import WarmStartConfig
+from rlagent.pipeline.warm_start import make_sft
+from rlagent.pipeline.warm_start import oracle_demonstrations
+from rlagent.train.evaluation import make_evaluate
+from rlagent.train.ppo import make_train
+
+SFT_STREAM = 0x5F7  # folded into a seed's key for its SFT phase (the RL keys stay as they are).
+SFT_TURNS = "sft_turns"
+
+
+def run(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Trains every (family, condition, seed) and writes the report into `workdir`."""
+    families = common.names(config.envs, "envs", "task family")
+    env_configs = {name: family_config(config, name) for name in families}  # errors first
+    conditions(config)
+    sft_config = make(WarmStartConfig, config.sft, "sft")
+    rejection = make(RejectionConfig, config.rejection, "rejection")
+    common.prepare(workdir, config, resume=resume, overwrite=overwrite)
+    start = time.time()
+    record = provenance.collect(config.to_dict(), families=families)
+    provenance.write(workdir, record)
+    rows, heads = [], {}
+    for name, family in env_configs.items():
+        family_rows, heads[name] = _train_family(
+            family, name, sft_config, rejection, workdir=os.path.join(workdir, name),
+            resume=resume, overwrite=overwrite, progress=progress,
+        )  # fmt: skip
+        rows += family_rows
+        loop.clear_compiled()
+    summary = write_report(rows, heads, workdir, title=config.get("title", ""))
+    wall = round(time.time() - start, 1)
+    provenance.write(workdir, provenance.finish({**record, "wall_s": wall}))
+    return summary
+
+
+def family_config(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+    """The experiment config of task family `name`: `l<k>` sets `env.level`, `h<H>` every
+    env field to those of `horizon_config(H)`."""
+    out = ml_collections.ConfigDict(config.to_dict())
+    kind, number = name[:1], name[1:]
+    if kind not in ("l", "h") or not number.isdigit():
+        raise ValueError(f"config.envs: {name!r} is neither 'l<level>' nor 'h<horizon>'.")
+    if kind == "l":
+        out.env.level = int(number)
+    else:
+        fields = dataclasses.asdict(horizon_config(int(number)))
+        out.env.update({k: (tuple(v) if isinstance(v, list) else v) for k, v in fields.items()})
+    common.build(out)  # a bad field is named now, before anything is trained.
+    return out
+
+
+def conditions(config: ml_collections.ConfigDict) -> list[tuple[str, int, str, float]]:
+    """`(label, N, judge, threshold)` of every condition; N = 0: scratch, N = -1: oracle.
+
+    `config.thresholds` entries are `judge@threshold` (a judge of
+    `rlagent.preference.judges`, e.g. `outcome@1`, `process@2`)."""
+    out = [("scratch", 0, "", 0.0), ("oracle", -1, "", 0.0)]
+    bars = []
+    for spec in common.names(config.thresholds, "thresholds", "judge@threshold"):
+        judge, _, value = spec.partition("@")
+        try:
+            RejectionConfig(judge=judge)
+            bars.append((judge, float(value)))
+        except ValueError as error:
+            raise ValueError(
+                f"config.thresholds: {spec!r} must be judge@threshold ({error})."
+            ) from None
+    for n in common.ints(config.samples, "samples", "sample count"):
+        if n < 1:
+            raise ValueError(f"config.samples: {n} samples per task; need >= 1.")
+        for judge, t in bars:
+            out.append((f"rs_n{n}_{judge}{t:g}", n, judge, t))
+    return out
+
+
+def _train_family(config, name, sft_config, rejection, *, workdir, resume, overwrite, progress):
+    """Rows of every condition of one family (labelled `<family>/<condition>`, with
+    `sft_turns` and `total_turns`) and each condition's post-SFT held-out success."""
+    setup = common.build(config)
+    trainer = make_train(
+        setup.train_config, setup.env, setup.policy_config, setup.rollout_config, **setup.extras()
+    )
+    seeds = list(range(config.first_seed, config.first_seed + config.seeds))
+    keys = jnp.stack([jax.random.PRNGKey(s) for s in seeds])
+    evaluate = jax.jit(
+        jax.vmap(
+            make_evaluate(
+                setup.env, trainer.graphdef, setup.rollout_config,
+                num_episodes=setup.eval_config.episodes,
+            )
+        )
+    )  # fmt: skip
+    rows, heads, programs = [], {}, {}
+    for label, n, judge, threshold in conditions(config):
+        params = jax.vmap(trainer.init)(keys).params
+        sft_turns, trace = np.zeros(len(seeds)), {}
+        if n:  # oracle (-1) or best-of-N (n > 0)
+            if (n, judge) not in programs:  # one program per N and judge: thresholds are data
+                rs = dataclasses.replace(
+                    rejection, samples=max(n, 1), judge=judge or rejection.judge
+                )
+                programs[n, judge] = _sft_program(setup, trainer, sft_config, rs, oracle=n < 0)
+            params, sft = programs[n, judge](params, keys, threshold)
+            sft_turns = np.asarray(jnp.sum(sft.env_turns, axis=1))
+            trace = {
+                "accept_rate": np.asarray(jnp.sum(sft.accepted, 1) / jnp.sum(sft.episodes, 1)),
+                "nll_first": np.asarray(sft.loss[:, 0]),
+                "nll_last": np.asarray(sft.loss[:, -1]),
+            }
+        heads[label] = {
+            **{k: np.asarray(v).tolist() for k, v in jax.device_get(evaluate(params)).items()},
+            SFT_TURNS: sft_turns.tolist(),
+            **{k: v.tolist() for k, v in trace.items()},
+        }
+        run_rows = loop.run(
+            setup.train_config, setup.env, setup.policy_config, setup.rollout_config,
+            evaluation=setup.eval_config, seeds=seeds, workdir=os.path.join(workdir, label),
+            chunk_size=config.chunk_size, resume=resume, overwrite=overwrite,
+            progress=progress, initial_params=params,
+            initial_params_config={"condition": label, "sft": dataclasses.asdict(sft_config),
+                                   "rejection": dataclasses.asdict(rejection)},
+        )  # fmt: skip
+        offset = dict(zip(seeds, sft_turns, strict=True))
+        for row in run_rows:
+            spent = float(offset[int(row["seed"])])
+            rows.append({**row, "condition": f"{name}/{label}", SFT_TURNS: spent,
+                         report.TOTAL_TURNS: row["env_turns_total"] + spent})  # fmt: skip
+    return rows, heads
+
+
+def _sft_program(setup, trainer, sft_config, rejection, *, oracle: bool):
+    """`jit(vmap(sft))(params [seeds], keys [seeds], threshold)`: oracle cloning or
+    best-of-N rejection sampling (`rejection`), from each seed's own SFT key stream."""
+    if oracle:
+        source = oracle_demonstrations(setup.env, sft_config.batch_size)
+    else:
+        source = best_of_n(
+            setup.env, trainer.graphdef, setup.rollout_config, setup.train_config, rejection
+        )
+    sft = make_sft(sft_config, [setup.env], [source], trainer.graphdef, setup.rollout_config)
+
+    def seed_sft(params, key, threshold):
+        return sft(params, jax.random.fold_in(key, SFT_STREAM), threshold)
+
+    return jax.jit(jax.vmap(seed_sft, in_axes=(0, 0, None)))
+
+
+# Report ---------------------------------------------------------------------------------
+
+
+def write_report(
+    rows: Sequence[Mapping[str, Any]],
+    heads: Mapping[str, Mapping[str, Any]],
+    workdir: str,
+    *,
+    title: str = "",
+) -> dict[str, Any]:
+    """metrics.csv, per family a curves png and a summary table; summary.md / .json and
+    sweep.png (AUC and head start over N, a line per threshold)."""
+    common.write_metrics(rows, workdir)
+    families = list(dict.fromkeys(str(r["condition"]).split("/")[0] for r in rows))
+    out: dict[str, Any] = {"families": {}}
+    lines = [f"# {title or 'Rejection sampling -> SFT -> RL'}", ""]
+    for family in families:
+        family_rows = [r for r in rows if str(r["condition"]).startswith(family + "/")]
+        summary = report.summarize(family_rows, experience=report.TOTAL_TURNS)
+        at_budget = success_at_budget(family_rows, summary["settings"]["budget_env_turns"])
+        report.plot_curves(
+            family_rows, os.path.join(workdir, f"curves_{family}.png"),
+            title=f"{family}: success vs total environment turns (SFT + RL)",
+            experience=report.TOTAL_TURNS,
+        )  # fmt: skip
+        head = {f"{family}/{k}": v for k, v in heads[family].items()}
+        out["families"][family] = {"summary": summary, "heads": head, "at_budget": at_budget}
+        lines += [f"## {family}", "", head_table(head, at_budget), ""]
+        lines += [report.markdown_table(summary), ""]
+    plot_sweep(out["families"], os.path.join(workdir, "sweep.png"))
+    lines.append(
+        "Head start: held-out success (eval keys) right after SFT, before RL; IQM with "
+        "stratified bootstrap 95% CIs over seeds. SFT turns: environment turns the SFT "
+        "data cost (every sampled episode, accepted or not). Success at budget: training "
+        "success over the last 10% of updates each run had by the common budget of total "
+        "turns (the least any run reached)."
+    )
+    with open(os.path.join(workdir, "summary.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+        json.dump(out, f, indent=1, default=float)
+    print("\n".join(lines))
+    return out
+
+
+def success_at_budget(
+    rows: Sequence[Mapping[str, Any]],
+    budget: float,
+    *,
+    experience: str = report.TOTAL_TURNS,
+    metric: str = "success",
+) -> dict[str, Any]:
+    """Per condition: each seed's mean `metric` over the last 10% of its rows at or below
+    `budget` of `experience` (0 for a seed with none), IQM / mean with CIs, and
+    Holm-corrected comparisons."""
+    per_seed: dict[str, list[float]] = {}
+    for (condition, _), curve in report.seed_curves(rows).items():
+        within = [r for r in curve if r[experience] <= budget]
+        value = report.final_mean(within, metric, 0.1) if within else 0.0
+        per_seed.setdefault(condition, []).append(value)
+    return {
+        "budget": budget,
+        "per_seed": per_seed,
+        "estimates": stats.interval_estimates(per_seed),
+        "comparisons": stats.pairwise_comparisons(per_seed),
+    }
+
+
+def head_table(head: Mapping[str, Mapping[str, Any]], at_budget: Mapping[str, Any]) -> str:
+    rows = []
+    for condition, values in head.items():
+        greedy = stats.interval_estimates({"g": values["eval_greedy_success"]})["g"]["iqm"]
+        sampled = stats.interval_estimates({"s": values["eval_sampled_success"]})["s"]["iqm"]
+        accept = values.get("accept_rate")
+        rows.append([
+            condition, stats.format_interval(sampled), stats.format_interval(greedy),
+            f"{np.mean(values[SFT_TURNS]):,.0f}",
+            "n/a" if accept is None else f"{np.mean(accept):.3f}",
+            stats.format_interval(at_budget["estimates"][condition]["iqm"]),
+        ])  # fmt: skip
+    header = ["condition", "head start: held-out sampled success", "greedy", "SFT turns (mean)",
+              "accepted fraction", "success at budget: IQM [95% CI]"]  # fmt: skip
+    return "\n".join(report.markdown_rows(header, rows))
+
+
+def plot_sweep(families: Mapping[str, Any], path: str) -> None:
+    """Per family: AUC (IQM, 95% CI) and head start (greedy held-out success) over N, one
+    line per threshold; scratch and oracle as horizontal bands."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(families), figsize=(4 * len(families), 6), squeeze=False)
+    for col, (family, entry) in enumerate(families.items()):
+        conditions = entry["summary"]["conditions"]
+        aucs = {c.split("/", 1)[1]: e["auc"]["iqm"] for c, e in conditions.items()}
+        heads = {
+            c.split("/", 1)[1]: stats.interval_estimates({"h": v["eval_greedy_success"]})["h"]
+            for c, v in entry["heads"].items()
+        }
+        heads = {c: estimate["iqm"] for c, estimate in heads.items()}
+        panels = (("AUC (SFT + RL turns)", aucs), ("head start (greedy held-out)", heads))
+        for row, (what, values) in enumerate(panels):
+            ax = axes[row][col]
+            _draw_sweep(ax, values)
+            ax.set_title(f"{family}: {what}")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("N (samples per task)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _draw_sweep(ax, values: Mapping[str, Mapping[str, float]]) -> None:
+    lines: dict[str, list[tuple[int, Mapping[str, float]]]] = {}
+    for label, estimate in values.items():
+        if label in ("scratch", "oracle"):
+            ax.axhspan(estimate["low"], estimate["high"], alpha=0.15,
+                       color="grey" if label == "scratch" else "green", label=label)  # fmt: skip
+            ax.axhline(estimate["value"], color="grey" if label == "scratch" else "green", lw=1)
+            continue
+        n, bar = label.removeprefix("rs_n").split("_", 1)
+        lines.setdefault(bar, []).append((int(n), estimate))
+    for threshold, points in lines.items():
+        points.sort()
+        xs = [n for n, _ in points]
+        values = [e["value"] for _, e in points]
+        below = [e["value"] - e["low"] for _, e in points]
+        above = [e["high"] - e["value"] for _, e in points]
+        ax.errorbar(
+            xs, values, yerr=[below, above], marker="o", capsize=3,
+            label=f"best-of-N, accept {threshold}",
+        )  # fmt: skip
