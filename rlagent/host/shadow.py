@@ -50,7 +50,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import orbax.checkpoint as ocp
 from absl import logging
 from flax import nnx
@@ -61,10 +60,11 @@ from rlagent.host import provenance
 from rlagent.models import Policy
 from rlagent.models import PolicyConfig
 from rlagent.pipeline.warm_start import WarmStartConfig
+from rlagent.pipeline.warm_start import given_demonstrations
+from rlagent.pipeline.warm_start import make_sft as warm_start_sft
 from rlagent.preference import pairs as pairing
 from rlagent.preference.data import PreferenceRecord
 from rlagent.rollout import RolloutConfig
-from rlagent.rollout import make_score
 from rlagent.types import Trajectory
 
 FORMAT = "rlagent.shadow/1"
@@ -365,30 +365,17 @@ def accepted(
 def make_sft(
     env: Environment, graphdef: nnx.GraphDef, rollout_config: RolloutConfig, config: WarmStartConfig
 ) -> Callable[[nnx.State, Trajectory, jax.Array], tuple[nnx.State, jax.Array]]:
-    """`sft(params, demonstrations [N, ...], key) -> (params, losses [steps])`: `config.steps`
-    AdamW steps on minus the mean log-likelihood of the policy tokens of `batch_size`
-    demonstrations drawn at random each step (the warm start's loss on given episodes)."""
-    score = make_score(env, graphdef, rollout_config)
-    optimizer = optax.adamw(config.learning_rate, weight_decay=config.weight_decay)
-
-    def loss(params, batch):
-        mask = batch.loss_mask
-        return -jnp.sum(score(params, batch)[0] * mask) / jnp.maximum(jnp.sum(mask), 1)
+    """`sft(params, demonstrations [N, ...], key) -> (params, losses [steps])`: the warm
+    start's SFT loop (`warm_start.make_sft`, `config.steps` AdamW steps on minus the mean
+    log-likelihood of the policy tokens) on `batch_size` of the given episodes drawn at
+    random each step (`warm_start.given_demonstrations`)."""
 
     def sft(params, demonstrations, key):
-        size = demonstrations.turn_mask.shape[0]
-
-        def step(carry, step_key):
-            params, opt_state = carry
-            index = jax.random.randint(step_key, (config.batch_size,), 0, size)
-            batch = jax.tree.map(lambda x: x[index], demonstrations)
-            value, grads = jax.value_and_grad(loss)(params, batch)
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            return (optax.apply_updates(params, updates), opt_state), value
-
-        keys = jax.random.split(key, config.steps)
-        (params, _), losses = jax.lax.scan(step, (params, optimizer.init(params)), keys)
-        return params, losses
+        source = given_demonstrations(demonstrations, config.batch_size)
+        params, trace = warm_start_sft(config, [env], [source], graphdef, rollout_config)(
+            params, key
+        )
+        return params, trace.loss
 
     return sft
 

@@ -15,7 +15,9 @@ A source is `source(params, key, threshold) -> Demonstrations`: episodes, their 
 * `oracle_demonstrations(env, n)`: the oracle's shortest correct plans, all accepted
   (`make_warm_start`, the behaviour-cloning warm start);
 * `rlagent.pipeline.rejection.best_of_n`: N samples per task from the *current* policy,
-  kept when a judge's score reaches `threshold` (rejection sampling / expert iteration).
+  kept when a judge's score reaches `threshold` (rejection sampling / expert iteration);
+* `given_demonstrations(trajectory, n)`: `n` of a fixed set of episodes (e.g. accepted
+  episodes of a shadow-mode log, `rlagent.host.shadow`) drawn at random each step.
 
 Oracle episodes carry no sampling mask, so they are cloned under the unconstrained
 softmax (raising the oracle tokens' likelihood also favours them under the grammar mask);
@@ -156,6 +158,23 @@ def oracle_demonstrations(env: Environment, num_episodes: int) -> DemoSource:
             trajectory=trajectory,
             weights=jnp.ones((num_episodes,), jnp.float32),
             env_turns=jnp.sum(trajectory.turn_mask).astype(jnp.float32),
+        )
+
+    return source
+
+
+def given_demonstrations(trajectory: Trajectory, batch_size: int) -> DemoSource:
+    """`batch_size` episodes of `trajectory` (`[N, ...]`, already played: no environment
+    turns cost) drawn uniformly with replacement each step, all accepted."""
+    size = trajectory.turn_mask.shape[0]
+
+    def source(params, key, threshold):
+        del params, threshold
+        index = jax.random.randint(key, (batch_size,), 0, size)
+        return Demonstrations(
+            trajectory=jax.tree.map(lambda x: x[index], trajectory),
+            weights=jnp.ones((batch_size,), jnp.float32),
+            env_turns=jnp.zeros((), jnp.float32),
         )
 
     return source
