@@ -125,7 +125,9 @@ def test_study_config_errors_name_the_field():
 def test_study_runs_end_to_end(tmp_path):
     config = rs_sft_config.get_config()
     config.update(dict(envs="l1", samples="2", thresholds="outcome@1", seeds=2))
-    config.sft.steps, config.train.num_updates, config.eval.every = 2, 4, 4
+    config.sft.steps, config.train.num_updates, config.eval.every = 2, 2, 2
+    config.eval.episodes, config.chunk_size = 8, 2
+    config.train.update(dict(num_groups=2, group_size=4, num_minibatches=1))
     summary = rs_sft.run(config, str(tmp_path), progress=False)
     entry = summary["families"]["l1"]
     assert set(entry["summary"]["conditions"]) == {"l1/scratch", "l1/oracle", "l1/rs_n2_outcome1"}

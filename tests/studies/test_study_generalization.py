@@ -175,11 +175,11 @@ def test_launcher_refuses_a_non_empty_workdir_and_changes_nothing(tmp_path):
 def _tiny(config):
     """The smallest run of every part."""
     config.seeds = 2
-    config.kinds.mastermind.credit_horizons = "2,4"
+    config.kinds.mastermind.credit_horizons = "2"
     config.kinds.mastermind.sweep_horizons = "3"
     config.kinds.mastermind.estimator_horizons = "3"
     rewards = config.rewards
-    rewards.conditions = "outcome,potential,learned_potential/prm=completion"
+    rewards.conditions = "outcome,potential"  # a learned PRM: tests/test_prm.py
     rewards.train.num_updates, rewards.chunk_size = 2, 2
     rewards.train.num_groups, rewards.train.group_size = 2, 4
     rewards.prm.label_episodes = 2
