@@ -147,7 +147,7 @@ def train_rs_sft(arm, records, sft_config: WarmStartConfig, config) -> tuple[Any
     if not kept:
         raise ValueError(f"no logged episode is accepted by judge {config.judge!r}; log more")
     demonstrations, _ = shadow.to_trajectory(kept, arm.env, constrained=False)
-    graphdef = policy_graphdef(_model(arm))
+    graphdef = policy_graphdef(ab_test.policy_config_of(arm))
     sft = jax.jit(shadow.make_sft(arm.env, graphdef, arm.rollout_config, sft_config))
     params, losses = sft(
         arm.checkpoint.params, demonstrations, jax.random.PRNGKey(int(config.seed))
@@ -179,7 +179,9 @@ def train_dpo(arm, records, dpo_config: DPOConfig, config, workdir) -> tuple[Any
         level=dpo_config.level,
         segment_turns=dpo_config.segment_turns,
     )
-    trainer = make_offline_dpo(dpo_config, arm.env, _model(arm), arm.rollout_config)
+    trainer = make_offline_dpo(
+        dpo_config, arm.env, ab_test.policy_config_of(arm), arm.rollout_config
+    )
     state = trainer.init(key, len(loaded), params=arm.checkpoint.params)
     reference = jax.jit(trainer.reference)(state, batch)
     updates = jax.jit(trainer.updates, static_argnums=3)
@@ -199,7 +201,11 @@ def off_policy(arms: dict[str, ab_test.Arm], records) -> dict[str, Any]:
     trajectory, _ = shadow.to_trajectory(
         records, served.env, constrained=served.rollout_config.constrained
     )
-    score = jax.jit(make_score(served.env, policy_graphdef(_model(served)), served.rollout_config))
+    score = jax.jit(
+        make_score(
+            served.env, policy_graphdef(ab_test.policy_config_of(served)), served.rollout_config
+        )
+    )
     returns = np.asarray([float(r["success"]) for r in records])
     return {
         name: shadow.off_policy_estimate(
@@ -255,10 +261,6 @@ def markdown(summary: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
-
-
-def _model(arm: ab_test.Arm):
-    return ab_test.policy_config_of(arm)
 
 
 def _policy_config(served: ab_test.Arm, name: str, info: dict[str, Any]) -> dict[str, Any]:
