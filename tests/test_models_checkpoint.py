@@ -220,6 +220,12 @@ def test_bad_checkpoints_are_refused_naming_the_fault(tmp_path, no_tensor_read, 
 
 def test_missing_shard_and_files_are_refused(tmp_path, no_tensor_read):
     _write(tmp_path, QWEN3, shards=2)
+    index = json.loads((tmp_path / checkpoint.INDEX).read_text())
+    moved = {**index["weight_map"], "lm_head.weight": "model-00002-of-00002.safetensors"}
+    (tmp_path / checkpoint.INDEX).write_text(json.dumps({"weight_map": moved}))
+    with pytest.raises(checkpoint.CheckpointError, match="00002.safetensors: lacks tensor lm_head"):
+        checkpoint.load_pretrained(tmp_path)
+    (tmp_path / checkpoint.INDEX).write_text(json.dumps(index))
     (tmp_path / "model-00002-of-00002.safetensors").unlink()
     with pytest.raises(checkpoint.CheckpointError, match="shard model-00002-of-00002.safetensors"):
         checkpoint.load_policy(tmp_path)

@@ -219,7 +219,7 @@ def _refuse_unsupported(cfg: Mapping[str, Any], family: str) -> None:
         "mlp_bias": bool(cfg.get("mlp_bias")),
         "use_sliding_window": bool(cfg.get("use_sliding_window")),
         "layer_types": any(t != "full_attention" for t in cfg.get("layer_types") or ()),
-        "partial_rotary_factor": cfg.get("partial_rotary_factor", 1.0) != 1.0,
+        "partial_rotary_factor": cfg.get("partial_rotary_factor") not in (None, 1, 1.0),
     }
     for name, bad in refused.items():
         if bad:
