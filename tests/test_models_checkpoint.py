@@ -252,3 +252,15 @@ def test_tolerated_extras_and_config_forms(tmp_path):
         16,
     )
     assert config.pad_id == 3 and config.tie_embeddings
+
+
+def test_new_config_options_are_validated(tmp_path):
+    with pytest.raises(ValueError, match="rope_scaling must be None, 'linear' or 'llama3'"):
+        PolicyConfig(rope_scaling="yarn")
+    with pytest.raises(ValueError, match="rope_factor must be > 0"):
+        PolicyConfig(rope_scaling="linear", rope_factor=0.0)
+    with pytest.raises(ValueError, match="rope_low_freq_factor < rope_high_freq_factor"):
+        PolicyConfig(rope_scaling="llama3", rope_low_freq_factor=4.0)
+    _write(tmp_path, QWEN3)  # PolicyConfig's own refusals name config.json too.
+    with pytest.raises(checkpoint.CheckpointError, match="config.json: num_heads=4 must be"):
+        checkpoint.read_checkpoint(tmp_path, num_kv_heads=3)
