@@ -7,8 +7,11 @@ Architecture (Touvron et al., 2023, "LLaMA"): token embedding, `num_layers` pre-
 with rotary position embeddings (RoPE, Su et al. 2021, "rotate-half" layout as in HF
 `transformers`), grouped-query attention (`num_kv_heads` key/value heads shared by groups of
 `num_heads // num_kv_heads` query heads), a final RMSNorm and an untied (or tied) LM head.
-The parameter layout maps one-to-one onto `transformers.LlamaForCausalLM` (see
-`rlagent.models.hf`).
+Options of pretrained families: q/k/v biases (Qwen2), a per-head RMSNorm of queries and
+keys before RoPE (Qwen3), a head width other than d_model / num_heads, and RoPE frequency
+scaling ('linear', 'llama3'). The parameter layout maps one-to-one onto transformers'
+`LlamaForCausalLM`, `Qwen2ForCausalLM` and `Qwen3ForCausalLM` (see `rlagent.models.hf`;
+`rlagent.models.checkpoint` loads their safetensors).
 
 The trunk takes *embeddings* rather than token ids, so that the state encoder can place
 learned vectors (summary slots, progress markers) in the context beside embedded tokens.
@@ -48,7 +51,17 @@ class PolicyConfig:
     head_dim: int | None = None  # per-head width; None -> d_model // num_heads.
     mlp_dim: int = 128  # SwiGLU hidden width.
     rope_theta: float = 10000.0  # RoPE base.
+    # RoPE frequency scaling of long-context checkpoints (HF `rope_type`): None, 'linear'
+    # (every frequency / rope_factor) or 'llama3' (Llama 3.1: low frequencies / rope_factor,
+    # high ones kept, a smooth blend between the two wavelength bounds below).
+    rope_scaling: str | None = None
+    rope_factor: float = 1.0  # the scaling factor of 'linear' and 'llama3'.
+    rope_low_freq_factor: float = 1.0  # 'llama3': wavelengths > original / this are scaled.
+    rope_high_freq_factor: float = 4.0  # 'llama3': wavelengths < original / this are kept.
+    rope_original_max_position: int = 8192  # 'llama3': the pre-training context length.
     norm_eps: float = 1e-5  # RMSNorm epsilon.
+    qkv_bias: bool = False  # biases on the q, k, v projections (Qwen2).
+    qk_norm: bool = False  # per-head RMSNorm of queries and keys before RoPE (Qwen3).
     tie_embeddings: bool = False  # LM head shares the token embedding matrix.
     value_head: str = "shared"  # 'shared': head on the policy trunk; 'separate': own critic LM.
     num_summary_slots: int = 4  # M: learned summary vectors of turns that left the window.
@@ -79,6 +92,7 @@ class PolicyConfig:
                 f"PolicyConfig.norm_eps and rope_theta must be > 0, got {self.norm_eps}, "
                 f"{self.rope_theta}"
             )
+        self._check_rope_scaling()
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
@@ -93,9 +107,51 @@ class PolicyConfig:
                 "set head_dim explicitly"
             )
 
+    def _check_rope_scaling(self):
+        if self.rope_scaling not in (None, "linear", "llama3"):
+            raise ValueError(
+                f"PolicyConfig.rope_scaling must be None, 'linear' or 'llama3', got "
+                f"{self.rope_scaling!r}"
+            )
+        if not self.rope_factor > 0:
+            raise ValueError(f"PolicyConfig.rope_factor must be > 0, got {self.rope_factor}")
+        if self.rope_scaling == "llama3" and not (
+            0 < self.rope_low_freq_factor < self.rope_high_freq_factor
+            and self.rope_original_max_position >= 1
+        ):
+            raise ValueError(
+                "PolicyConfig 'llama3' RoPE needs 0 < rope_low_freq_factor < "
+                f"rope_high_freq_factor and rope_original_max_position >= 1, got "
+                f"{self.rope_low_freq_factor}, {self.rope_high_freq_factor}, "
+                f"{self.rope_original_max_position}"
+            )
+
     @property
     def dim_per_head(self) -> int:
         return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+    @property
+    def rope_scaling_params(self) -> RopeScaling | None:
+        """The RoPE scaling that `rope` applies, None without scaling."""
+        if self.rope_scaling is None:
+            return None
+        return RopeScaling(
+            self.rope_scaling,
+            float(self.rope_factor),
+            float(self.rope_low_freq_factor),
+            float(self.rope_high_freq_factor),
+            int(self.rope_original_max_position),
+        )
+
+
+class RopeScaling(NamedTuple):
+    """RoPE frequency scaling (`PolicyConfig.rope_scaling` and its parameters)."""
+
+    kind: str  # 'linear' or 'llama3'.
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position: int
 
 
 class KVCache(NamedTuple):
@@ -133,11 +189,14 @@ class RMSNorm(nnx.Module):
         return self.weight[...] * normed.astype(x.dtype)
 
 
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+def rope(
+    x: jax.Array, positions: jax.Array, theta: float, scaling: RopeScaling | None = None
+) -> jax.Array:
     """Rotary embedding, rotate-half layout.
 
     x_rot = x * cos(p w) + rotate_half(x) * sin(p w), w_j = theta^(-2j / d), where
-    rotate_half([a, b]) = [-b, a] splits the last axis in halves.
+    rotate_half([a, b]) = [-b, a] splits the last axis in halves; `scaling` rescales the
+    frequencies w (`scale_frequencies`).
 
     Args:
       x: [B, T, H, d] queries or keys.
@@ -149,6 +208,8 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     # cos and sin inside every fused use, for every element of x.
     xp = np if isinstance(positions, np.ndarray) else jnp
     inv_freq = 1.0 / (theta ** (xp.arange(0, dim, 2, dtype=xp.float32) / dim))
+    if scaling is not None:
+        inv_freq = scale_frequencies(inv_freq, scaling)
     angles = positions.astype(xp.float32)[..., None] * inv_freq  # [(B,) T, d/2]
     angles = xp.concatenate([angles, angles], axis=-1)[..., None, :]  # [(B,) T, 1, d]
     cos, sin = xp.cos(angles).astype(xp.float32), xp.sin(angles).astype(xp.float32)
@@ -158,25 +219,49 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
+def scale_frequencies(inv_freq: jax.Array, scaling: RopeScaling) -> jax.Array:
+    """[d/2] float32 RoPE frequencies w -> the scaled ones (NumPy or jax, as given).
+
+    'linear': w / factor (position interpolation, Chen et al. 2023). 'llama3' (as HF's
+    `_compute_llama3_parameters`): with wavelength l = 2 pi / w and the pre-training
+    context N, w / factor where l > N / low_freq_factor, w where l < N / high_freq_factor,
+    and in between (1 - s) w / factor + s w, s = (N / l - low) / (high - low).
+    """
+    xp = np if isinstance(inv_freq, np.ndarray) else jnp
+    if scaling.kind == "linear":
+        return (inv_freq / scaling.factor).astype(xp.float32)
+    low, high = scaling.low_freq_factor, scaling.high_freq_factor
+    context = scaling.original_max_position
+    wavelength = 2 * np.pi / inv_freq
+    scaled = xp.where(wavelength > context / low, inv_freq / scaling.factor, inv_freq)
+    smooth = (context / wavelength - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelength >= context / high) & (wavelength <= context / low)
+    return xp.where(medium, smoothed, scaled).astype(xp.float32)
+
+
 class Attention(nnx.Module):
     """Grouped-query self-attention with RoPE over a chunk and (optionally) a KV cache."""
 
     def __init__(self, config: PolicyConfig, *, rngs: nnx.Rngs):
         dim, hd = config.d_model, config.dim_per_head
-        kw = dict(
-            use_bias=False,
-            dtype=jnp.dtype(config.dtype),
-            param_dtype=jnp.dtype(config.param_dtype),
-            rngs=rngs,
-        )
-        self.q_proj = nnx.Linear(dim, config.num_heads * hd, **kw)
-        self.k_proj = nnx.Linear(dim, config.num_kv_heads * hd, **kw)
-        self.v_proj = nnx.Linear(dim, config.num_kv_heads * hd, **kw)
-        self.o_proj = nnx.Linear(config.num_heads * hd, dim, **kw)
+        pdt = jnp.dtype(config.param_dtype)
+        kw = dict(dtype=jnp.dtype(config.dtype), param_dtype=pdt, rngs=rngs)
+        qkv = dict(use_bias=config.qkv_bias, **kw)
+        self.q_proj = nnx.Linear(dim, config.num_heads * hd, **qkv)
+        self.k_proj = nnx.Linear(dim, config.num_kv_heads * hd, **qkv)
+        self.v_proj = nnx.Linear(dim, config.num_kv_heads * hd, **qkv)
+        self.o_proj = nnx.Linear(config.num_heads * hd, dim, use_bias=False, **kw)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(hd, config.norm_eps, pdt)
+            self.k_norm = RMSNorm(hd, config.norm_eps, pdt)
+        else:
+            self.q_norm = self.k_norm = None
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = hd
         self.rope_theta = config.rope_theta
+        self.rope_scaling = config.rope_scaling_params
 
     def __call__(
         self,
@@ -210,12 +295,17 @@ class Attention(nnx.Module):
         batch, length, _ = x.shape
         k = self.k_proj(x).reshape(batch, length, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(batch, length, self.num_kv_heads, self.head_dim)
-        k = rope(k, slots, self.rope_theta).transpose(0, 2, 3, 1)  # [B, H_kv, d, T]
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        k = rope(k, slots, self.rope_theta, self.rope_scaling)
+        k = k.transpose(0, 2, 3, 1)  # [B, H_kv, d, T]
         if read is not None:
             x, slots = x[:, read], slots[read]
             length = x.shape[1]
         q = self.q_proj(x).reshape(batch, length, self.num_heads, self.head_dim)
-        q = rope(q, slots, self.rope_theta)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        q = rope(q, slots, self.rope_theta, self.rope_scaling)
         v = v.transpose(0, 2, 1, 3)  # [B, H_kv, T, d]
         new_keys = (k, v)
         if keys is not None:
