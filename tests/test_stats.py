@@ -103,3 +103,23 @@ def test_mean_ci_student_t():
     np.testing.assert_allclose(out["mean"], 0.51)
     np.testing.assert_allclose(out["ci95"], 4.3027 * 0.01 / np.sqrt(3), rtol=1e-4)
     assert stats.mean_ci([0.3]) == {"mean": 0.3, "std": 0.0, "ci95": 0.0}
+
+
+def test_bootstrap_reps_default_environment_and_errors(monkeypatch):
+    assert stats.bootstrap_reps(7) == 7  # an explicit number wins.
+    monkeypatch.delenv(stats.REPS_ENV, raising=False)
+    assert stats.bootstrap_reps() == stats.DEFAULT_REPS == 2000
+    monkeypatch.setenv(stats.REPS_ENV, "50")
+    assert stats.bootstrap_reps() == 50
+    scores = {"a": [0.1, 0.4, 0.5, 0.9]}
+    # The default is the environment's: the same intervals as asking for 50 resamples.
+    assert stats.interval_estimates(scores) == stats.interval_estimates(scores, reps=50)
+    assert stats.interval_estimates(scores) != stats.interval_estimates(scores, reps=400)
+    monkeypatch.setenv(stats.REPS_ENV, "many")
+    with pytest.raises(ValueError, match="RLAGENT_BOOTSTRAP_REPS='many'"):
+        stats.bootstrap_reps()
+    monkeypatch.setenv(stats.REPS_ENV, "0")
+    with pytest.raises(ValueError, match="RLAGENT_BOOTSTRAP_REPS=0"):
+        stats.bootstrap_reps()
+    with pytest.raises(ValueError, match="reps=-1"):
+        stats.interval_estimates(scores, reps=-1)

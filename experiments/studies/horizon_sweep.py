@@ -225,7 +225,7 @@ def summarize(
     *,
     reference: str,
     takeoff: float = 0.5,
-    reps: int = 2000,
+    reps: int | None = None,
 ) -> dict[str, Any]:
     """Per horizon and condition, from `horizon.csv` rows; comparisons within each horizon.
 
@@ -244,6 +244,7 @@ def summarize(
     """
     if not rows:
         raise ValueError("summarize needs at least one row.")
+    reps = stats.bootstrap_reps(reps)
     evaluated = all(np.isfinite(float(r["eval_sampled_success"])) for r in rows)
     key = "eval_sampled_success" if evaluated else "final_success"
     cells = report.group_rows(rows, lambda row: (int(row["horizon"]), str(row["condition"])))
@@ -275,7 +276,8 @@ def summarize(
             for name, values in scores.items()
             if reference in scores and name != reference
         }
-    settings = {"success": key, "takeoff_threshold": takeoff, "reference": reference}
+    settings = {"success": key, "takeoff_threshold": takeoff, "reference": reference,
+                "bootstrap_reps": reps}  # fmt: skip
     return {"horizons": horizons, "settings": settings}
 
 

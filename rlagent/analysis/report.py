@@ -45,7 +45,7 @@ def summarize(
     thresholds: Sequence[float] = (0.5, 0.8),
     takeoff: float = 0.5,
     final_fraction: float = 0.1,
-    reps: int = 2000,
+    reps: int | None = None,
     experience: str = "env_turns_total",
     extra: Sequence[str] = (),
 ) -> dict[str, Any]:
@@ -76,6 +76,7 @@ def summarize(
     curves = _curves(rows)
     if not curves:
         raise ValueError("summarize needs at least one row.")
+    reps = stats.bootstrap_reps(reps)
     budget = min(float(c[-1][experience]) for seeds in curves.values() for c in seeds)
     final_key = f"final_{metric}"
     conditions = {}

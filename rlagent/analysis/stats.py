@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import os
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
@@ -36,10 +37,33 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 
+REPS_ENV = "RLAGENT_BOOTSTRAP_REPS"
+DEFAULT_REPS = 2000
+
+
+def bootstrap_reps(reps: int | None = None) -> int:
+    """`reps`, or the default number of bootstrap resamples: `DEFAULT_REPS`, or the value
+    of the environment variable RLAGENT_BOOTSTRAP_REPS when it is set (the test suite sets
+    a few hundred: its runs have two seeds, and the resampling was most of its report
+    time). Summaries record the number they used."""
+    if reps is None:
+        text = os.environ.get(REPS_ENV, "").strip()
+        try:
+            reps = int(text) if text else DEFAULT_REPS
+        except ValueError:
+            raise ValueError(f"{REPS_ENV}={text!r}: expected an integer >= 1.") from None
+        name = REPS_ENV
+    else:
+        name = "reps"
+    if int(reps) < 1:
+        raise ValueError(f"{name}={reps}: bootstrap resamples must be >= 1.")
+    return int(reps)
+
+
 def interval_estimates(
     scores: Mapping[str, Sequence[float]],
     *,
-    reps: int = 2000,
+    reps: int | None = None,
     confidence: float = 0.95,
     seed: int = 0,
 ) -> dict[str, dict[str, dict[str, float]]]:
@@ -47,7 +71,7 @@ def interval_estimates(
 
     Args:
       scores: condition -> per-seed scores (one task, so the bootstrap resamples seeds).
-      reps: bootstrap resamples.
+      reps: bootstrap resamples (`bootstrap_reps()` when None).
       confidence: interval size.
       seed: NumPy seed of the bootstrap (results are reproducible).
     Returns:
@@ -63,7 +87,7 @@ def interval_estimates(
 
     with _seeded_numpy(seed):
         points, intervals = rly.get_interval_estimates(
-            score_dict, aggregate, reps=reps, confidence_interval_size=confidence
+            score_dict, aggregate, reps=bootstrap_reps(reps), confidence_interval_size=confidence
         )
     out = {}
     for name in score_dict:
@@ -132,13 +156,13 @@ def format_takeoff(takeoff: Mapping[str, Any]) -> str:
 
 
 def bootstrap_mean_difference(
-    values: Sequence[float], reference: Sequence[float], *, reps: int = 2000, seed: int = 0
+    values: Sequence[float], reference: Sequence[float], *, reps: int | None = None, seed: int = 0
 ) -> dict[str, float]:
     """Mean of `values` minus mean of `reference` with a 95% percentile bootstrap CI, the
     two samples resampled independently (unpaired seeds): {"value", "low", "high"}."""
     rng = np.random.default_rng(seed)
     x, y = np.asarray(values, np.float64), np.asarray(reference, np.float64)
-    boot = [rng.choice(x, x.size).mean() - rng.choice(y, y.size).mean() for _ in range(reps)]
+    boot = [rng.choice(x, x.size).mean() - rng.choice(y, y.size).mean() for _ in range(bootstrap_reps(reps))]
     low, high = np.percentile(boot, [2.5, 97.5])
     return {"value": float(x.mean() - y.mean()), "low": float(low), "high": float(high)}
 
@@ -265,7 +289,7 @@ def plot_performance_profiles(
     *,
     taus: Sequence[float] | None = None,
     xlabel: str = "final success ($\\tau$)",
-    reps: int = 2000,
+    reps: int | None = None,
     seed: int = 0,
 ) -> None:
     """Fraction of seeds with score > tau, per condition, with bootstrap bands (rliable)."""
@@ -279,7 +303,7 @@ def plot_performance_profiles(
     score_dict = {name: _column(values, name) for name, values in scores.items()}
     taus = np.linspace(0.0, 1.0, 41) if taus is None else np.asarray(taus)
     with _seeded_numpy(seed):
-        profiles, cis = rly.create_performance_profile(score_dict, taus, reps=reps)
+        profiles, cis = rly.create_performance_profile(score_dict, taus, reps=bootstrap_reps(reps))
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     plot_utils.plot_performance_profiles(
