@@ -21,7 +21,8 @@ Whitening, on the same batch:
   `compute_gae_advantages` (GAE over the completion mask, then whitening), when
   `tunix.rl.algo_core` is importable; otherwise `n/a` and the reason in the JSON's
   `tunix`. Tunix leaves masked positions unwhitened and uses the Bessel-corrected
-  variance, so its outputs differ from ours off the mask; the work is the same.
+  variance, so its outputs differ from ours (slightly on the mask, wholly off it); the
+  work is comparable.
 
 Times are medians over repeated runs after warm-up. Run:
   python -m experiments.bench_kernels --json_out=/tmp/gae.json --markdown_out=/tmp/gae.md
