@@ -13,6 +13,17 @@ turns and observation spans; a reward at the end of each turn) is run through:
 * `memcpy`: `np.copyto` of as many bytes as the kernel reads (rewards, values, mask),
   the memory-bandwidth floor.
 
+Whitening, on the same batch:
+
+* `whiten`: `rlagent.whiten` of the values over the mask, jitted.
+* `gae_whiten`: `rlagent.gae` then `rlagent.whiten` of its advantages, one jitted program.
+* `tunix_whiten` / `tunix_gae_whiten`: Tunix's `masked_whiten` and
+  `compute_gae_advantages` (GAE over the completion mask, then whitening), when
+  `tunix.rl.algo_core` is importable; otherwise `n/a` and the reason in the JSON's
+  `tunix`. Tunix leaves masked positions unwhitened and uses the Bessel-corrected
+  variance, so its outputs differ from ours (slightly on the mask, wholly off it); the
+  work is comparable.
+
 Times are medians over repeated runs after warm-up. Run:
   python -m experiments.bench_kernels --json_out=/tmp/gae.json --markdown_out=/tmp/gae.md
 """
@@ -121,6 +132,48 @@ def torch_loop_gae(torch, rewards, values, mask):
         return advantages, advantages + values
 
 
+def tunix_algo_core() -> tuple[object | None, str]:
+    """Tunix's `algo_core` module and "ok", or None and why it does not import."""
+    try:
+        from tunix.rl import algo_core
+    except Exception as error:  # a missing dependency of tunix fails in many ways
+        return None, f"{type(error).__name__}: {error}"
+    return algo_core, "ok"
+
+
+def bench_whiten(rewards: jax.Array, values: jax.Array, mask: jax.Array) -> dict:
+    """Masked whitening and GAE + whitening, beside Tunix's when it imports."""
+    times: dict[str, float | None] = {}
+    whiten = jax.jit(rlagent.whiten)
+
+    def gae_whiten(r, v, m):
+        advantages, returns = rlagent.gae(r, v, m, gamma=GAMMA, lam=LAM)
+        return rlagent.whiten(advantages, m), returns
+
+    fused = jax.jit(gae_whiten)
+    times["whiten"] = median_seconds(
+        lambda: jax.block_until_ready(whiten(values, mask)), _REPEATS.value
+    )
+    times["gae_whiten"] = median_seconds(
+        lambda: jax.block_until_ready(fused(rewards, values, mask)), _REPEATS.value
+    )
+    algo_core, _ = tunix_algo_core()
+    times["tunix_whiten"] = times["tunix_gae_whiten"] = None
+    if algo_core is not None:
+        float_mask = mask.astype(jnp.float32)  # Tunix's completion mask is 0/1 numbers
+        times["tunix_whiten"] = median_seconds(
+            lambda: jax.block_until_ready(algo_core.masked_whiten(values, float_mask)),
+            _REPEATS.value,
+        )
+        times["tunix_gae_whiten"] = median_seconds(
+            lambda: jax.block_until_ready(
+                algo_core.compute_gae_advantages(rewards, values, float_mask, GAMMA, LAM)
+            ),
+            _REPEATS.value,
+        )
+    return times
+
+
 def bench_shape(batch: int, length: int) -> dict[str, float | None]:
     data = agent_batch(batch, length, _SEED.value)
     # Device-resident and materialised before any timing, so no method pays the transfer.
@@ -171,6 +224,7 @@ def bench_shape(batch: int, length: int) -> dict[str, float | None]:
     src = np.ones(nbytes, np.uint8)
     dst = np.empty_like(src)
     times["memcpy"] = median_seconds(lambda: np.copyto(dst, src), 5 * _REPEATS.value)
+    times.update(bench_whiten(rewards, values, mask))
     return times
 
 
@@ -193,6 +247,7 @@ def main(argv: list[str]) -> None:
         row["speedup_vs_torch_loop"] = ratio(times["torch_loop"], times["masked_gae"])
         row["speedup_vs_rlax"] = ratio(times["rlax_vmap"], times["masked_gae"])
         row["ratio_to_memcpy"] = ratio(times["masked_gae"], times["memcpy"])
+        row["gae_whiten_vs_tunix"] = ratio(times["gae_whiten"], times["tunix_gae_whiten"])
         table.append(row)
         print(json.dumps(row), flush=True)
     headline = next((r for r in table if r["shape"] == HEADLINE), table[0])
@@ -212,12 +267,17 @@ def main(argv: list[str]) -> None:
             "ratio_to_memcpy": "<= 4",
         },
         "backend": jax.default_backend(),
+        "tunix": tunix_algo_core()[1],
         "table": table,
     }
     if _JSON_OUT.value:
         with open(_JSON_OUT.value, "w") as f:
             json.dump(result, f, indent=2)
     markdown = to_markdown(table)
+    if result["tunix"] != "ok":
+        markdown += (
+            f"\nTunix columns n/a: `tunix.rl.algo_core` does not import ({result['tunix']}).\n"
+        )
     print(markdown)
     if _MARKDOWN_OUT.value:
         with open(_MARKDOWN_OUT.value, "w") as f:

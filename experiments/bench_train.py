@@ -20,11 +20,27 @@ CPU may be shared). Keys:
 * `first_update_metrics`: every metric of the first update from `trainer.init` at the
   largest run count, one value per run (to compare two versions of the trainer).
 
+Compile times alone:
+
+* `--compile_only`: seconds to trace + lower (`trace_lower_s`) and to XLA-compile
+  (`compile_s`; `compile_cpu_s` its process CPU time, all threads) `jit(vmap(init))` and
+  `jit(vmap(update))` at the largest run count, each program run once afterwards
+  (`first_run_s`). No persistent cache unless
+  `--compilation_cache_dir` names one.
+* `--cache_check`: `--compile_only` in two fresh processes on one new, empty persistent
+  compilation cache (the launchers' `rlagent.host.compile_cache`): `cold` compiles and
+  writes it, `warm` reads it back; `compile_ratio` = cold / warm XLA seconds,
+  `first_call_ratio` the same with tracing and lowering (which no cache saves) added.
+  `--config.*` and `--runs` pass through to both.
+
 It only uses public functions that have long existed (`make_train`, `trainer.update`,
-`trainer.rollout`, `RunnerState`), so it can time an older checkout side by side:
+`trainer.rollout`, `RunnerState`; the setup from `experiments.studies.common` or, in an
+older checkout such as ebd0bf4, `rlagent.train.experiment`), so it can time an older
+checkout side by side:
 
   python -m experiments.bench_train --json_out=/tmp/bench_train.json
-  cd OTHER && PYTHONPATH=$PWD python /path/to/experiments/bench_train.py --json_out=...
+  cd OTHER && PYTHONPATH=$PWD python /path/to/experiments/bench_train.py --json_out=... \
+      --config=OTHER/experiments/configs/sparse_vs_dense.py
 """
 
 from __future__ import annotations
@@ -33,6 +49,9 @@ import dataclasses
 import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import jax
@@ -42,23 +61,53 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from experiments.studies import common
-from rlagent.host.extras import trainer_extras
 from rlagent.train.ppo import make_train
 from rlagent.train.rewards import reward_weights
 
+try:  # the layout since e6da395
+    from experiments.studies.common import build as build_setup
+    from rlagent.host import compile_cache
+    from rlagent.host.extras import trainer_extras
+except ImportError:  # an older checkout (ebd0bf4): no studies, extras or compile cache.
+    from rlagent.train.experiment import build as build_setup
+
+    compile_cache = trainer_extras = None
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(os.path.dirname(__file__), "configs", "sparse_vs_dense.py")
 )
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Where to write the JSON results.")
 _RUNS = flags.DEFINE_list("runs", ["1", "4", "20"], "Vmapped run counts to time.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed updates per compiled program.")
+_COMPILE_ONLY = flags.DEFINE_bool(
+    "compile_only",
+    False,
+    "Only time tracing + lowering and XLA compiling of the trainer's programs (init and "
+    "update at the largest --runs), then run each once.",
+)
+_CACHE_CHECK = flags.DEFINE_bool(
+    "cache_check",
+    False,
+    "Run --compile_only twice in fresh processes on one new, empty persistent compilation "
+    "cache folder (cold, then warm) and report both compile times and their ratio.",
+)
+_CACHE_DIR = flags.DEFINE_string(
+    "compilation_cache_dir",
+    None,
+    "JAX's persistent compilation cache folder for this process (default: none, so that "
+    "compile times are measured; --cache_check sets it for its children).",
+)
 
 
 def main(argv):
     del argv
+    if _CACHE_CHECK.value:
+        return _write(cache_check(_CACHE_DIR.value))
+    if _CACHE_DIR.value is not None:
+        compile_cache.enable_compilation_cache(_CACHE_DIR.value)
     config = _CONFIG.value
-    setup = common.build(config)
+    setup = build_setup(config)
     seeds = range(config.first_seed, config.first_seed + config.seeds)
     conditions = [name.strip() for name in config.conditions.split(",") if name.strip()]
     runs = [(condition, seed) for condition in conditions for seed in seeds]
@@ -72,6 +121,8 @@ def main(argv):
         setup.rollout_config,
         **_extras(setup, setup.train_config),
     )
+    if _COMPILE_ONLY.value:
+        return _write(compile_times(trainer, setup.train_config, runs[: counts[-1]]))
     results = {
         "device": str(jax.devices()[0]),
         "runs": len(runs),
@@ -100,9 +151,70 @@ def main(argv):
         first_update_metrics=first_metrics,
     )
     print(json.dumps({k: v for k, v in results.items() if k != "first_update_metrics"}, indent=2))
+    _write(results, echo=False)
+
+
+def _write(results: dict, echo: bool = True) -> None:
+    if echo:
+        print(json.dumps(results, indent=2))
     if _JSON_OUT.value:
         with open(_JSON_OUT.value, "w") as f:
             json.dump(results, f, indent=2)
+
+
+def compile_times(trainer, train_config, runs) -> dict:
+    """Seconds to trace + lower and to XLA-compile (or read from the persistent cache)
+    `jit(vmap(init))` and `jit(vmap(update))` for `runs`, each run once afterwards."""
+    keys = jnp.stack([jax.random.PRNGKey(seed) for _, seed in runs])
+    weights = jnp.stack([reward_weights(train_config, condition) for condition, _ in runs])
+    results = {"runs": len(runs), "programs": {}}
+    init = jax.jit(jax.vmap(trainer.init))
+    update = jax.jit(jax.vmap(trainer.update))
+    args = (keys, weights)
+    for name, program in (("init", init), ("update", update)):
+        start = time.perf_counter()
+        lowered = program.lower(*args)
+        traced, cpu_start = time.perf_counter(), time.process_time()
+        compiled = lowered.compile()
+        done, cpu_done = time.perf_counter(), time.process_time()
+        out = jax.block_until_ready(compiled(*args))
+        results["programs"][name] = dict(
+            trace_lower_s=traced - start,
+            compile_s=done - traced,
+            compile_cpu_s=cpu_done - cpu_start,  # all threads; less disturbed by other jobs.
+            first_run_s=time.perf_counter() - done,
+        )
+        args = (out,)  # update takes the state init made.
+    results["compile_s"] = sum(p["compile_s"] for p in results["programs"].values())
+    results["compile_cpu_s"] = sum(p["compile_cpu_s"] for p in results["programs"].values())
+    results["trace_lower_s"] = sum(p["trace_lower_s"] for p in results["programs"].values())
+    return results
+
+
+def cache_check(folder: str | None) -> dict:
+    """`--compile_only` in two fresh processes sharing one empty cache folder (`folder`,
+    else a temporary one, removed afterwards): cold, then warm."""
+    if folder is None:
+        with tempfile.TemporaryDirectory(prefix="rlagent-cache-check-") as scratch:
+            return cache_check(scratch)
+    if os.path.isdir(folder) and os.listdir(folder):
+        raise ValueError(f"--cache_check needs an empty cache folder, {folder} is not")
+    passed = [a for a in sys.argv[1:] if a.startswith(("--config", "--runs"))]
+    results = {"cache_dir": folder}
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in ("cold", "warm"):
+            out = os.path.join(scratch, f"{name}.json")
+            flags_ = ["--compile_only", f"--compilation_cache_dir={folder}", f"--json_out={out}"]
+            command = [sys.executable, "-m", "experiments.bench_train", *flags_, *passed]
+            subprocess.run(command, check=True, stdout=subprocess.DEVNULL, cwd=_ROOT)
+            with open(out) as f:
+                results[name] = json.load(f)
+    cold, warm = results["cold"], results["warm"]
+    results["compile_ratio"] = cold["compile_s"] / warm["compile_s"]
+    results["first_call_ratio"] = (cold["compile_s"] + cold["trace_lower_s"]) / (
+        warm["compile_s"] + warm["trace_lower_s"]
+    )
+    return results
 
 
 def _extras(setup, train_config) -> dict:
@@ -110,6 +222,8 @@ def _extras(setup, train_config) -> dict:
     which has none, gets its own defaults)."""
     configs = {"prm": "prm_config", "probe": "probe_config"}
     extras = {k: getattr(setup, v) for k, v in configs.items() if hasattr(setup, v)}
+    if trainer_extras is None:  # an older checkout: make_train takes no extras.
+        return {}
     return trainer_extras(train_config, setup.env, setup.rollout_config, **extras)
 
 

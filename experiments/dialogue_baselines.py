@@ -18,17 +18,20 @@ import numpy as np
 from absl import app
 from absl import flags
 
+from experiments import launch
 from rlagent.envs.dialogue import DialogueEnv
 from rlagent.envs.dialogue import level_config
 from rlagent.envs.dialogue import oracle_policy
 from rlagent.envs.dialogue import random_policy
 from rlagent.envs.dialogue import shortest_dialogue
 from rlagent.envs.dialogue import unroll
+from rlagent.host import compile_cache
 from rlagent.host import provenance
 
 _EPISODES = flags.DEFINE_integer("episodes", 512, "dialogues per level and policy")
 _LEVELS = flags.DEFINE_string("levels", "1,2,3,4,5", "curriculum levels")
 _OUT = flags.DEFINE_string("out", None, "folder for baselines.md / baselines.json")
+_CACHE_DIR = launch.define_cache_flag()
 
 
 def play(env: DialogueEnv, policy, key: jax.Array, episodes: int) -> dict[str, float]:
@@ -52,6 +55,7 @@ def play(env: DialogueEnv, policy, key: jax.Array, episodes: int) -> dict[str, f
 
 def main(argv):
     del argv
+    compile_cache.enable_compilation_cache(_CACHE_DIR.value)
     rows = []
     for level in [int(x) for x in _LEVELS.value.split(",")]:
         config = level_config(level)

@@ -2,8 +2,11 @@
 
 `define_flags(name)` defines `--config` (experiments/configs/<name>.py, overridable field
 by field; a misspelled `--config.a.b` exits naming the fields `a` has), `--workdir`
-(runs/<name>), `--resume` and `--overwrite` (and, with `distributed=True`, the
-multi-host flags of `rlagent.parallel` and `--num_devices`). `run_study(study, flags)`
+(runs/<name>), `--resume`, `--overwrite`, `--compilation_cache_dir` (and, with
+`distributed=True`, the multi-host flags of `rlagent.parallel` and `--num_devices`).
+`run_study(study, flags)` turns on JAX's persistent compilation cache
+(`rlagent.host.compile_cache`: ~/.cache/rlagent/jax unless the flag or
+JAX_COMPILATION_CACHE_DIR says otherwise, so a rerun does not compile again), then
 calls `study(config, workdir, resume=..., overwrite=...)` (every study of
 experiments/studies refuses a non-empty workdir without one of them,
 `rlagent.host.workdir`) with Orbax's per-checkpoint INFO lines off; a refused or
@@ -25,7 +28,10 @@ from ml_collections import config_flags
 
 from experiments.studies import common
 from rlagent import parallel
+from rlagent.host import compile_cache
 from rlagent.host import loop
+
+_CACHE_FLAG = "compilation_cache_dir"
 
 
 class LauncherFlags(NamedTuple):
@@ -33,6 +39,7 @@ class LauncherFlags(NamedTuple):
     workdir: flags.FlagHolder
     resume: flags.FlagHolder
     overwrite: flags.FlagHolder
+    compilation_cache_dir: flags.FlagHolder
     distributed: bool  # the multi-host flags are defined: the study takes `mesh`.
 
 
@@ -55,7 +62,22 @@ def define_flags(name: str, *, distributed: bool = False) -> LauncherFlags:
         overwrite=flags.DEFINE_bool(
             "overwrite", False, "Replace the results in a non-empty --workdir (refused otherwise)."
         ),
+        compilation_cache_dir=define_cache_flag(),
         distributed=distributed,
+    )
+
+
+def define_cache_flag() -> flags.FlagHolder:
+    """`--compilation_cache_dir`, for launchers that do not call `define_flags`; pass its
+    value to `compile_cache.enable_compilation_cache` before anything compiles. Defined
+    once per process, so two launchers imported together share it."""
+    if _CACHE_FLAG in flags.FLAGS:
+        return flags.FlagHolder(flags.FLAGS, flags.FLAGS[_CACHE_FLAG])
+    return flags.DEFINE_string(
+        _CACHE_FLAG,
+        None,
+        "Folder of JAX's persistent compilation cache (default: $JAX_COMPILATION_CACHE_DIR, "
+        "else $XDG_CACHE_HOME/rlagent/jax, i.e. ~/.cache/rlagent/jax); '' turns it off.",
     )
 
 
@@ -78,7 +100,9 @@ def data_mesh() -> Any:
 
 def run_study(study: Callable[..., Any], launcher: LauncherFlags, **kwargs: Any) -> None:
     """`study(config, workdir, resume=..., overwrite=..., **kwargs)` from the launcher's
-    flags (and `mesh=data_mesh()` when distributed), through `run_reported`."""
+    flags (and `mesh=data_mesh()` when distributed), through `run_reported`, with the
+    persistent compilation cache of `--compilation_cache_dir` on."""
+    compile_cache.enable_compilation_cache(launcher.compilation_cache_dir.value)
 
     def work():
         mesh = {"mesh": data_mesh()} if launcher.distributed else {}

@@ -24,21 +24,25 @@ import numpy as np
 from absl import app
 from absl import flags
 
+from experiments import launch
 from rlagent.credit import mc
 from rlagent.envs.mastermind import TEXTARENA_IDS
 from rlagent.envs.mastermind import Mastermind
 from rlagent.envs.mastermind import level_config
 from rlagent.envs.mastermind.differential import compare
+from rlagent.host import compile_cache
 from rlagent.host import provenance
 
 _GAMES = flags.DEFINE_integer("games", 10000, "Differential games per configuration.")
 _ORACLE_GAMES = flags.DEFINE_integer("oracle_games", 2000, "Oracle / random games per level.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the generated games.")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the results as JSON to this path.")
+_CACHE_DIR = launch.define_cache_flag()
 LEVELS = ("v0", "hard", "extreme", "classic")
 
 
 def main(_):
+    compile_cache.enable_compilation_cache(_CACHE_DIR.value)
     import textarena
 
     results = {"textarena": textarena.__version__, "differential": {}, "policies": {}}

@@ -402,14 +402,18 @@ def whiten(
     _check_mask("mask", mask, x)
     _check_range("eps", eps, 0.0)
     x = x.astype(jnp.float32)
+    masked = jnp.where(mask, x, 0.0)
     # Statistics of x / 2^k with 2^k <= max |x|: the square of values near 1e20 would
     # overflow float32, and a power-of-two scale is exact, so results are unchanged
-    # wherever nothing overflows (k = 0 for |x| < 2).
-    largest = jnp.max(jnp.where(mask, jnp.abs(x), 0.0))
-    exponent = jnp.maximum(jnp.frexp(largest)[1] - 1, 0)
-    scaled = jnp.ldexp(x, -exponent)
-    count = jnp.maximum(jnp.sum(mask), 1)
-    mean = jnp.sum(jnp.where(mask, scaled, 0.0)) / count
+    # wherever nothing overflows (k = 0 for |x| < 2). The scale is one scalar factor:
+    # an elementwise `ldexp` costs more than the rest of the kernel. k stops at 126, as
+    # 2^-127 is subnormal (flushed to 0 on CPU); max |x| < 2^128 still scales below 4.
+    largest = jnp.maximum(jnp.max(masked), -jnp.min(masked))
+    exponent = jnp.clip(jnp.frexp(largest)[1] - 1, 0, 126)
+    scale = jnp.ldexp(jnp.float32(1.0), -exponent)
+    count = _masked_count(mask)
+    mean = _scaled_sum(masked, scale) / count
+    scaled = x * scale
     var = jnp.sum(jnp.where(mask, jnp.square(scaled - mean), 0.0)) / count
     centred = scaled - mean if shift_mean else scaled
     scaled_eps = jnp.ldexp(jnp.asarray(eps, jnp.float32), -2 * exponent)
@@ -464,6 +468,25 @@ def _check_ids(name: str, ids: jax.Array, low: int, high: int, check_inputs: boo
             lo=jnp.min(ids),
             hi=jnp.max(ids),
         )
+
+
+def _masked_count(mask: jax.Array) -> jax.Array:
+    """`max(sum(mask), 1)`, in float32 when that is exact (at most 2^24 entries): a float
+    sum is cheaper than an int32 one on CPU, and the count is converted to float32 for
+    the division anyway."""
+    if mask.size <= 2**24:
+        return jnp.maximum(jnp.sum(mask, dtype=jnp.float32), 1.0)
+    return jnp.maximum(jnp.sum(mask), 1)
+
+
+def _scaled_sum(masked: jax.Array, scale: jax.Array) -> jax.Array:
+    """`sum(masked * scale)` for a power-of-two `scale`, without a pass to scale.
+
+    `sum(masked) * scale` is the same number unless the unscaled sum overflowed; only
+    then (a branch, so the usual case pays nothing) is the scaled sum taken.
+    """
+    total = jnp.sum(masked)
+    return jax.lax.cond(jnp.isfinite(total), lambda: total * scale, lambda: jnp.sum(masked * scale))
 
 
 def _segment_stats(

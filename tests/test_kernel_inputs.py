@@ -119,7 +119,9 @@ def test_whiten_of_huge_values_does_not_overflow():
     mask = jnp.array([True, True, True, False])
     x = jnp.array([1.0, 2.0, 4.0, 7.0])
     expected = advantages.whiten(x, mask)
-    for scale in (1e20, 1e30, 2.0**100):
+    # 5e37: the masked sum 7 * 5e37 overflows float32 (the rescaled-sum branch), and
+    # max |x| = 2e38 >= 2^127 (the largest rescale).
+    for scale in (1e20, 1e30, 2.0**100, 5e37):
         np.testing.assert_allclose(advantages.whiten(x * scale, mask), expected, rtol=1e-6)
     # Values that never overflowed give bit-identical results (a power-of-two rescale):
     # the formula without rescaling, op by op.
