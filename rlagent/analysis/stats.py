@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 from scipy import stats as scipy_stats
 
-
 REPS_ENV = "RLAGENT_BOOTSTRAP_REPS"
 DEFAULT_REPS = 2000
 
@@ -162,7 +161,10 @@ def bootstrap_mean_difference(
     two samples resampled independently (unpaired seeds): {"value", "low", "high"}."""
     rng = np.random.default_rng(seed)
     x, y = np.asarray(values, np.float64), np.asarray(reference, np.float64)
-    boot = [rng.choice(x, x.size).mean() - rng.choice(y, y.size).mean() for _ in range(bootstrap_reps(reps))]
+    boot = [
+        rng.choice(x, x.size).mean() - rng.choice(y, y.size).mean()
+        for _ in range(bootstrap_reps(reps))
+    ]
     low, high = np.percentile(boot, [2.5, 97.5])
     return {"value": float(x.mean() - y.mean()), "low": float(low), "high": float(high)}
 
