@@ -109,15 +109,9 @@ def summarize(
     comparisons = stats.pairwise_comparisons(
         {name: entry["per_seed"][final_key] for name, entry in conditions.items()}
     )
-    settings = {
-        "metric": metric,
-        "final_fraction": final_fraction,
-        "takeoff_threshold": takeoff,
-        "thresholds": list(thresholds),
-        "budget_env_turns": budget,
-        "experience": experience,
-        "bootstrap_reps": reps,
-    }
+    settings = {"metric": metric, "final_fraction": final_fraction, "takeoff_threshold": takeoff,
+                "thresholds": list(thresholds), "budget_env_turns": budget,
+                "experience": experience, "bootstrap_reps": reps}  # fmt: skip
     return {"conditions": conditions, "comparisons": comparisons, "settings": settings}
 
 
