@@ -247,6 +247,22 @@ def test_turns_ended_by_the_policy_and_a_solved_episode(setup):
     np.testing.assert_array_equal(traj.action_mask.sum(-1), [[2, 2, 0], [2, 0, 0]])
 
 
+def test_a_generation_prompt_other_than_the_assistant_header_is_kept_as_read(setup):
+    # As thinking templates that open an empty reasoning block only in the generation prompt.
+    template = CHATML.replace(
+        "<|im_start|>assistant\n{% endif %}", "<|im_start|>assistant\n- {% endif %}"
+    )
+    chat = make_chat(_tokenizer(template))
+    loop = setup["loop"]._replace(chat=chat, sample=_scripted(chat, [["3"], ["4"]]))
+    env = GuessNumber(low=5, high=5, max_turns=2)
+    (episode,) = loop.play(None, [loop.start(env, 0)], setup["keys"][:1])
+    text = chat.decode(episode.tokens)
+    assert text.count("<|im_start|>assistant\n- ") == 2 and text.endswith("- 4<|im_end|>")
+    assert "assistant\n3<|im_end|>" in chat.tokenizer.decode(
+        chat.render(episode.messages[:3], generation_prompt=False)
+    )
+
+
 def test_guess_number_plays_by_its_rules():
     env = GuessNumber(low=1, high=9, max_turns=3)
     messages = env.reset(4)

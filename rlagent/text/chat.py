@@ -11,7 +11,8 @@ The template's tokens of a message come from rendering the conversation prefix-w
 tokens are message k's. For the tokens after an assistant turn, the conversation is
 rendered with the assistant's decoded text (only to find where the template goes on: the
 tokens between the end-of-turn token and the next message, then the next messages and
-the generation prompt); the transcript keeps the generated ids. A template that does not
+the generation prompt); the transcript keeps the generated ids. Renderings are compared
+at message boundaries only, never inside an assistant's re-tokenized text. A template that does not
 render prefix-stably (one that rewrites earlier turns, such as dropping the reasoning of
 past assistant turns) is refused with `ChatTemplateError`, naming the messages.
 

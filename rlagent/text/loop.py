@@ -96,6 +96,11 @@ class TextConfig:
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"TextConfig.{name} must be an integer >= 1, got "
                                  f"{getattr(self, name)!r}")  # fmt: skip
+        if not (self.temperature >= 0 and self.top_k >= 0 and 0.0 < self.top_p <= 1.0):
+            raise ValueError(
+                f"TextConfig needs temperature >= 0, top_k >= 0 and top_p in (0, 1], got "
+                f"{self.temperature}, {self.top_k}, {self.top_p}"
+            )
 
 
 @dataclasses.dataclass(eq=False)
