@@ -36,6 +36,7 @@ from rlagent.text.guess import GuessNumber  # noqa: E402
 from rlagent.text.score import make_text_score  # noqa: E402
 from rlagent.train.config import TrainConfig  # noqa: E402
 from rlagent.train.estimators import estimate_advantages  # noqa: E402
+from rlagent.train.ppo import episode_metrics  # noqa: E402
 from rlagent.train.rewards import turn_rewards  # noqa: E402
 from rlagent.types import token_view  # noqa: E402
 
@@ -245,6 +246,9 @@ def test_turns_ended_by_the_policy_and_a_solved_episode(setup):
     np.testing.assert_array_equal(traj.success, traj.done)
     np.testing.assert_array_equal(traj.signals["outcome"], traj.done)
     np.testing.assert_array_equal(traj.action_mask.sum(-1), [[2, 2, 0], [2, 0, 0]])
+    metrics = episode_metrics(first.env, traj)
+    assert float(metrics["success"]) == 1.0 and float(metrics["turns"]) == 1.5
+    assert float(metrics["guesses_when_solved"]) == 1.5 and float(metrics["tokens"]) == 3.0
 
 
 def test_a_generation_prompt_other_than_the_assistant_header_is_kept_as_read(setup):

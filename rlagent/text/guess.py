@@ -11,6 +11,9 @@ from __future__ import annotations
 import random
 import re
 
+import jax
+import jax.numpy as jnp
+
 from rlagent.text.chat import Message
 
 GUESS_TOOL = {
@@ -65,3 +68,14 @@ class GuessNumber:
         done = solved or self.guesses >= self.max_turns
         signals = {"outcome": float(solved), "success": float(solved)}
         return [{"role": role, "content": reply}], signals, done
+
+    def episode_metrics(
+        self, signals: dict[str, jax.Array], turn_mask: jax.Array, action_tokens: jax.Array
+    ) -> dict[str, jax.Array]:
+        """The trainer's per-batch metrics (`rlagent.train.ppo.episode_metrics`)."""
+        solved = jnp.any(signals["outcome"] > 0, axis=1)
+        guesses = jnp.sum(turn_mask, axis=1).astype(jnp.float32)
+        return {
+            "guesses_when_solved": jnp.sum(jnp.where(solved, guesses, 0.0))
+            / jnp.maximum(jnp.sum(solved), 1)
+        }

@@ -63,7 +63,9 @@ class TextEnvironment(Protocol):
     `signals` of a step hold a float for every name of `signal_names` and, optionally,
     `success` (> 0 on the turn that solves the episode). `done` ends the episode
     (termination); the loop stops an episode after `max_turns` turns (truncation).
-    Optional: `tools` (the tool schemas the chat template renders).
+    Optional: `tools` (the tool schemas the chat template renders) and
+    `episode_metrics(signals, turn_mask, action_tokens)`, as `rlagent.envs.base`'s (read by
+    `rlagent.train.ppo.episode_metrics`).
     """
 
     @property
