@@ -60,6 +60,17 @@ REWRITES_PAST = CHATML.replace(
     "{% if message.role == 'assistant' and not loop.last %}...{% else %}{{ message.content }}"
     "{% endif %}",
 )
+# Wraps consecutive tool results in one user turn, as Qwen2.5's template does.
+GROUPS_TOOLS = CHATML.replace(
+    "{%- for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "<|im_end|>\n{% endfor %}",
+    "{%- for message in messages %}{% if message.role == 'tool' %}"
+    "{% if messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
+    "\n<tool_response>{{ message.content }}</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endif %}"
+    "{% endfor %}",
+)
 CONFIG = TextConfig(max_new_tokens=10, obs_len=256, max_prompt_len=352)
 BATCH = 3
 
@@ -171,9 +182,11 @@ def test_trajectory_lays_out_the_transcript_and_feeds_rewards_and_estimators(set
     config = TrainConfig(
         num_groups=1, group_size=BATCH, num_minibatches=1, reward="outcome", estimator="grpo"
     )
-    rewards = turn_rewards(traj, config)
+    # Jitted: one compile each instead of an eager dispatch per op.
+    rewards = jax.jit(turn_rewards, static_argnums=1)(traj, config)
     np.testing.assert_array_equal(rewards, np.asarray(outcome) * np.asarray(traj.turn_mask))
-    advantages, _ = estimate_advantages(traj, rewards, jnp.zeros(traj.logp.shape), config)
+    estimate = jax.jit(estimate_advantages, static_argnums=3)
+    advantages, _ = estimate(traj, rewards, jnp.zeros(traj.logp.shape), config)
     advantages = np.asarray(advantages)
     assert np.all(advantages[~np.asarray(traj.loss_mask)] == 0)
     assert advantages[0][np.asarray(traj.loss_mask)[0]].min() > 0 > advantages[1].min()
@@ -267,6 +280,24 @@ def test_a_generation_prompt_other_than_the_assistant_header_is_kept_as_read(set
     )
 
 
+def test_spans_follow_the_messages_or_the_groups_the_template_renders(setup):
+    conversation = [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "4"},
+        {"role": "tool", "content": "a"}, {"role": "tool", "content": "b"},
+    ]  # fmt: skip
+    for template, roles in ((CHATML, ["tool", "tool"]), (GROUPS_TOOLS, ["tool"])):
+        chat = make_chat(_tokenizer(template), tools=[GUESS_TOOL])
+        base = chat.render(conversation[:2], generation_prompt=False)
+        tokens, spans, rendered = chat.extend(conversation, 2, base, [])
+        assert [s.role for s in spans] == roles
+        assert spans[0].start == 0 and spans[-1].stop == len(tokens)
+        assert base + tokens == chat.render(conversation, generation_prompt=True)
+        assert rendered == chat.render(conversation, generation_prompt=False)
+    assert chat.decode(tokens).startswith(
+        "<|im_start|>user<tool_response>a</tool_response><tool_response>b</tool_response>"
+    )
+
+
 def test_guess_number_plays_by_its_rules():
     env = GuessNumber(low=1, high=9, max_turns=3)
     messages = env.reset(4)
@@ -302,7 +333,9 @@ def test_chat_refusals_name_the_fault(setup):
         {"role": "user", "content": "higher"},
     ]  # fmt: skip
     with pytest.raises(ChatTemplateError, match="prefix-stably"):
-        rewrites.extend(conversation, 0, [], [])
+        rewrites.extend(
+            conversation, 2, rewrites.render(conversation[:2], generation_prompt=False), []
+        )
 
 
 def test_policy_and_environment_refusals(setup):

@@ -7,8 +7,9 @@ TRL issue #5144 cannot happen: decoding a turn and encoding the text again may g
 ids, and those other ids are never trained on).
 
 The template's tokens of a message come from rendering the conversation prefix-wise:
-`render(messages[:k + 1])` must extend `render(messages[:k])` token by token, and the new
-tokens are message k's. For the tokens after an assistant turn, the conversation is
+the rendering after the messages that follow an assistant turn must extend the rendering
+up to that turn token by token, and the new tokens are theirs (one span per message where
+the template renders them one by one). For the tokens after an assistant turn, the conversation is
 rendered with the assistant's decoded text (only to find where the template goes on: the
 tokens between the end-of-turn token and the next message, then the next messages and
 the generation prompt); the transcript keeps the generated ids. Renderings are compared
@@ -102,36 +103,43 @@ class ChatFormat:
     ) -> tuple[list[int], list[MessageSpan], list[int]]:
         """Template tokens of `messages[start:]`, then the generation prompt.
 
+        The tokens are where the rendering of `messages` with the generation prompt goes
+        beyond `base`. A message ends a span where the rendering of the conversation up to
+        it is a prefix of that; a template that renders a group of messages only as a
+        whole (Qwen2.5 wraps consecutive tool results in one user turn) gives the group
+        one span.
+
         Args:
           messages: the conversation; `messages[start:]` are new (not assistant).
           base: `render(messages[:start])`, the template's rendering of the rest.
           glue: tokens that go first (after an assistant turn: a forced end-of-turn token
             and the template's tokens after it, `after_assistant`).
         Returns:
-          the new tokens, one span per new message (offsets into the new tokens: the glue
-          in the first span, the generation prompt in the last; one span of role
-          'template' without a new message) and the rendering of the whole conversation
-          without the generation prompt (the `before` of `after_assistant` next turn).
+          the new tokens; their spans (offsets into the new tokens: the glue in the first
+          span, the generation prompt in the last; one span of role 'template' without a
+          new message); the rendering of `messages` without the generation prompt (the
+          `before` of `after_assistant` next turn).
         Raises:
-          ChatTemplateError if a rendering does not extend the one before it.
+          ChatTemplateError if the rendering of `messages` does not extend `base`.
         """
-        previous, tokens, spans = list(base), list(glue), []
-        for stop in range(start + 1, len(messages) + 1):
-            rendered = self.render(messages[:stop], generation_prompt=False)
-            self._check_extends(previous, rendered, messages[:stop])
-            begin = spans[-1].stop if spans else 0
-            tokens += rendered[len(previous) :]
-            spans.append(MessageSpan(messages[stop - 1]["role"], begin, len(tokens)))
-            previous = rendered
         prompt = self.render(messages, generation_prompt=True)
-        self._check_extends(previous, prompt, messages)
-        tokens += prompt[len(previous) :]
-        if spans:
-            spans[-1] = dataclasses.replace(spans[-1], stop=len(tokens))
-        else:
-            spans = [MessageSpan("template", 0, len(tokens))]
+        self._check_extends(base, prompt, messages)
+        tokens = list(glue) + prompt[len(base) :]
+        spans, roles = [], []
+        for stop in range(start + 1, len(messages) + 1):
+            roles.append(messages[stop - 1]["role"])
+            rendered = self._render_part(messages[:stop], last=stop == len(messages))
+            if stop == len(messages) or (rendered and prompt[: len(rendered)] == rendered):
+                end = (
+                    len(tokens) if stop == len(messages) else len(glue) + len(rendered) - len(base)
+                )
+                begin = spans[-1].stop if spans else 0
+                spans.append(MessageSpan("+".join(dict.fromkeys(roles)), begin, end))
+                roles = []
+        if not spans:
+            spans, rendered = [MessageSpan("template", 0, len(tokens))], list(base)
         self._check_tokens(tokens)
-        return tokens, spans, previous
+        return tokens, spans, rendered
 
     def after_assistant(self, before: Sequence[int], closed: Sequence[int]) -> list[int]:
         """The template's tokens after an assistant turn's end-of-turn token.
@@ -149,6 +157,16 @@ class ChatFormat:
                 f"{self.tokenizer.convert_ids_to_tokens(self.end_id)!r} (id {self.end_id})"
             )
         return turn[len(turn) - turn[::-1].index(self.end_id) :]
+
+    def _render_part(self, messages, *, last: bool) -> list[int] | None:
+        """The rendering of a conversation that ends inside a group of new messages (None
+        if the template refuses it: then it is no span boundary)."""
+        try:
+            return self.render(messages, generation_prompt=False)
+        except ChatTemplateError:
+            if last:
+                raise
+            return None
 
     def _check_extends(self, previous, rendered, messages) -> None:
         if list(rendered[: len(previous)]) != list(previous):
