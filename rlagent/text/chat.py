@@ -52,7 +52,8 @@ class MessageSpan:
 
     Spans tile the transcript. A non-assistant message's span holds the tokens the
     template renders for it (the generation prompt belongs to the span before the
-    assistant turn); an assistant span holds exactly the ids the policy generated, and the
+    assistant turn; a group of messages the template renders only as a whole has one span,
+    its roles joined by '+'); an assistant span holds exactly the ids the policy generated, and the
     tokens the template adds after them (a forced end-of-turn token after a turn cut at
     `max_new_tokens`, the template's text after the end-of-turn token) are the next span's.
     """
@@ -129,7 +130,7 @@ class ChatFormat:
         for stop in range(start + 1, len(messages) + 1):
             roles.append(messages[stop - 1]["role"])
             rendered = self._render_part(messages[:stop], last=stop == len(messages))
-            if stop == len(messages) or (rendered and prompt[: len(rendered)] == rendered):
+            if stop == len(messages) or _boundary(rendered, base, prompt):
                 end = (
                     len(tokens) if stop == len(messages) else len(glue) + len(rendered) - len(base)
                 )
@@ -290,6 +291,13 @@ def _token_id(tokenizer: Any, token: str | None, what: str) -> int:
     if token_id is None or (token_id == tokenizer.unk_token_id and token != tokenizer.unk_token):
         raise ChatTemplateError(f"the {what} token {token!r} is not a token of the tokenizer")
     return int(token_id)
+
+
+def _boundary(rendered: list[int] | None, base: Sequence[int], prompt: Sequence[int]) -> bool:
+    """`rendered` (of a conversation ending inside new messages) splits them in `prompt`."""
+    return (
+        rendered is not None and len(rendered) >= len(base) and prompt[: len(rendered)] == rendered
+    )
 
 
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:

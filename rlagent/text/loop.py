@@ -211,6 +211,9 @@ class TextLoop(NamedTuple):
         episode.messages.append({"role": "assistant", "content": text})
         reply, signals, done = episode.env.step(text)
         signals = {name: float(value) for name, value in signals.items()}
+        missing = [name for name in episode.env.signal_names if name not in signals]
+        if missing:
+            raise ValueError(f"{type(episode.env).__name__}.step reported no signal {missing}")
         episode.turns.append(TurnRecord(episode.pending, ids, logp, signals, bool(done)))
         assistant = len(episode.messages)
         episode.messages += list(reply)
