@@ -18,7 +18,7 @@ LAYERS = (
     ("rlagent.credit",),
     ("rlagent.prm",),
     ("rlagent.preference",),
-    ("rlagent.pipeline", "rlagent.host", "rlagent.analysis"),
+    ("rlagent.pipeline", "rlagent.host", "rlagent.analysis", "rlagent.text"),
 )  # fmt: skip
 # Packages whose modules may not import each other though they share a layer.
 SIBLINGS = {"rlagent.envs": "rlagent.models", "rlagent.models": "rlagent.envs"}

@@ -191,7 +191,7 @@ def generate(
     chex.assert_rank(prompt, 2)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    lm = _as_llama(nnx.merge(graphdef, params))
+    lm = as_llama(nnx.merge(graphdef, params))
     batch, prompt_len = prompt.shape
     if prompt_valid is None:
         prompt_valid = jnp.ones(prompt.shape, bool)
@@ -232,7 +232,7 @@ def generate(
     )
 
 
-def _as_llama(module: nnx.Module) -> Llama:
+def as_llama(module: nnx.Module) -> Llama:
     """The LM inside a Policy / ContextLM, or the module itself."""
     if isinstance(module, Llama):
         return module

@@ -1,0 +1,307 @@
+"""The model's own tokenizer and chat template, token in and token out (docs/text.md).
+
+An episode is a token transcript built incrementally: system, user and tool messages
+are appended as the tokens their chat template renders; an assistant turn is the ids
+the policy generated, never re-tokenized from its text (the re-tokenization drift of
+TRL issue #5144 cannot happen: decoding a turn and encoding the text again may give other
+ids, and those other ids are never trained on).
+
+The template's tokens of a message come from rendering the conversation prefix-wise:
+the rendering after the messages that follow an assistant turn must extend the rendering
+up to that turn token by token, and the new tokens are theirs (one span per message where
+the template renders them one by one). For the tokens after an assistant turn, the conversation is
+rendered with the assistant's decoded text (only to find where the template goes on: the
+tokens between the end-of-turn token and the next message, then the next messages and
+the generation prompt); the transcript keeps the generated ids. Renderings are compared
+at message boundaries only, never inside an assistant's re-tokenized text. A template that does not
+render prefix-stably (one that rewrites earlier turns, such as dropping the reasoning of
+past assistant turns) is refused with `ChatTemplateError`, naming the messages.
+
+Vocabulary: the model may have more embedding rows than the tokenizer has tokens (HF
+checkpoints pad their embeddings, Qwen2.5: 151936 rows for 151665 tokens); the ids past
+the tokenizer are never sampled (`ChatFormat.sampling_mask`). A model with fewer rows than
+the tokenizer has tokens is refused, as is a PolicyConfig.pad_id that is not the
+tokenizer's padding token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rlagent.models.llama import PolicyConfig
+
+Message = dict[str, Any]  # {"role": ..., "content": ...} as `apply_chat_template` reads it.
+
+# Probe messages of the checks at construction (`make_chat`).
+_PROBE_USER = "probe question"
+_PROBE_REPLY = "probe reply"
+_PROBE_TOOL = "probe tool result"
+
+
+class ChatTemplateError(ValueError):
+    """A tokenizer or chat template that cannot serve a token-in / token-out episode."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MessageSpan:
+    """Where a message sits in an episode's transcript: tokens `[start, stop)`.
+
+    Spans tile the transcript. A non-assistant message's span holds the tokens the
+    template renders for it (the generation prompt belongs to the span before the
+    assistant turn; a group of messages the template renders only as a whole has one span,
+    its roles joined by '+'); an assistant span holds exactly the ids the policy generated, and the
+    tokens the template adds after them (a forced end-of-turn token after a turn cut at
+    `max_new_tokens`, the template's text after the end-of-turn token) are the next span's.
+    """
+
+    role: str
+    start: int
+    stop: int
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ChatFormat:
+    """A tokenizer, its chat template and the tokens the episode loop needs."""
+
+    tokenizer: Any  # a transformers PreTrainedTokenizer(Fast) with a chat_template.
+    end_id: int  # the end-of-turn token: generation of a turn stops at it.
+    pad_id: int  # pads the Trajectory's turns; never generated, never in a template's tokens.
+    vocab_size: int  # len(tokenizer): ids the tokenizer knows.
+    tools: tuple[dict, ...] | None = None  # tool schemas passed to the template.
+
+    def render(self, messages: Sequence[Message], *, generation_prompt: bool) -> list[int]:
+        """The template's token ids of `messages` (and the assistant header if asked)."""
+        try:
+            text = self.tokenizer.apply_chat_template(
+                list(messages),
+                tools=None if self.tools is None else list(self.tools),
+                add_generation_prompt=generation_prompt,
+                tokenize=False,
+            )
+        except Exception as error:  # Jinja's TemplateError, raise_exception(), KeyError...
+            roles = [m.get("role") for m in messages]
+            raise ChatTemplateError(
+                f"the chat template cannot render messages with roles {roles}: {error}"
+            ) from error
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of generated ids, special tokens kept (what the environment reads)."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def sampling_mask(self, model_vocab: int) -> np.ndarray:
+        """`[model_vocab]` bool: ids the policy may sample (PAD and padded rows banned)."""
+        allowed = np.arange(model_vocab) < self.vocab_size
+        allowed[self.pad_id] = False
+        return allowed
+
+    def extend(
+        self, messages: Sequence[Message], start: int, base: Sequence[int], glue: Sequence[int]
+    ) -> tuple[list[int], list[MessageSpan], list[int]]:
+        """Template tokens of `messages[start:]`, then the generation prompt.
+
+        The tokens are where the rendering of `messages` with the generation prompt goes
+        beyond `base`. A message ends a span where the rendering of the conversation up to
+        it is a prefix of that; a template that renders a group of messages only as a
+        whole (Qwen2.5 wraps consecutive tool results in one user turn) gives the group
+        one span.
+
+        Args:
+          messages: the conversation; `messages[start:]` are new (not assistant).
+          base: `render(messages[:start])`, the template's rendering of the rest.
+          glue: tokens that go first (after an assistant turn: a forced end-of-turn token
+            and the template's tokens after it, `after_assistant`).
+        Returns:
+          the new tokens; their spans (offsets into the new tokens: the glue in the first
+          span, the generation prompt in the last; one span of role 'template' without a
+          new message); the rendering of `messages` without the generation prompt (the
+          `before` of `after_assistant` next turn).
+        Raises:
+          ChatTemplateError if the rendering of `messages` does not extend `base`.
+        """
+        prompt = self.render(messages, generation_prompt=True)
+        self._check_extends(base, prompt, messages)
+        tokens = list(glue) + prompt[len(base) :]
+        spans, roles = [], []
+        for stop in range(start + 1, len(messages) + 1):
+            roles.append(messages[stop - 1]["role"])
+            rendered = self._render_part(messages[:stop], last=stop == len(messages))
+            if stop == len(messages) or _boundary(rendered, base, prompt):
+                end = (
+                    len(tokens) if stop == len(messages) else len(glue) + len(rendered) - len(base)
+                )
+                begin = spans[-1].stop if spans else 0
+                spans.append(MessageSpan("+".join(dict.fromkeys(roles)), begin, end))
+                roles = []
+        if not spans:
+            spans, rendered = [MessageSpan("template", 0, len(tokens))], list(base)
+        self._check_tokens(tokens)
+        return tokens, spans, rendered
+
+    def after_assistant(self, before: Sequence[int], closed: Sequence[int]) -> list[int]:
+        """The template's tokens after an assistant turn's end-of-turn token.
+
+        `before` is the rendering of the conversation before the turn (no generation
+        prompt), `closed` the rendering with the assistant message; e.g. ChatML's "\\n"
+        after `<|im_end|>`. The assistant header the template renders need not be the
+        generation prompt the policy read (the transcript keeps what it read).
+        """
+        self._check_extends(before, closed, None)
+        turn = list(closed[len(before) :])
+        if self.end_id not in turn:
+            raise ChatTemplateError(
+                f"the chat template does not end assistant turns with the end-of-turn token "
+                f"{self.tokenizer.convert_ids_to_tokens(self.end_id)!r} (id {self.end_id})"
+            )
+        return turn[len(turn) - turn[::-1].index(self.end_id) :]
+
+    def _render_part(self, messages, *, last: bool) -> list[int] | None:
+        """The rendering of a conversation that ends inside a group of new messages (None
+        if the template refuses it: then it is no span boundary)."""
+        try:
+            return self.render(messages, generation_prompt=False)
+        except ChatTemplateError:
+            if last:
+                raise
+            return None
+
+    def _check_extends(self, previous, rendered, messages) -> None:
+        if list(rendered[: len(previous)]) != list(previous):
+            roles = "an assistant turn" if messages is None else [m.get("role") for m in messages]
+            raise ChatTemplateError(
+                f"the chat template does not render prefix-stably: rendering the messages "
+                f"with roles {roles} changes the tokens of the messages before the last one "
+                f"(first difference at token {_first_difference(previous, rendered)}); a "
+                "template that rewrites earlier turns (e.g. drops past reasoning) cannot "
+                "build an episode token by token"
+            )
+
+    def _check_tokens(self, tokens) -> None:
+        if self.pad_id in tokens:
+            raise ChatTemplateError(
+                f"the chat template rendered the padding token (id {self.pad_id}) inside a "
+                "message; the padding token must be one the template never emits"
+            )
+
+
+def make_chat(
+    tokenizer: Any,
+    *,
+    tools: Sequence[dict] | None = None,
+    end_token: str | None = None,
+    pad_token: str | None = None,
+) -> ChatFormat:
+    """Wraps a HF tokenizer and its chat template, checked on probe conversations.
+
+    Args:
+      tokenizer: a transformers tokenizer with a `chat_template`.
+      tools: the environment's tool schemas (JSON-schema dicts, as `apply_chat_template`
+        takes them); with tools the template must render them and render `tool` messages.
+      end_token: the end-of-turn token (default: the tokenizer's `eos_token`).
+      pad_token: the padding token (default: the tokenizer's `pad_token`).
+    Raises:
+      ChatTemplateError naming the fault: no chat template, no (or an unknown)
+      end-of-turn or padding token, a template that does not end assistant turns with the
+      end-of-turn token, ignores the tools or cannot render tool messages.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise ChatTemplateError(
+            f"tokenizer {type(tokenizer).__name__} has no chat template (chat_template is "
+            "None): a text environment needs the model's own template"
+        )
+    chat = ChatFormat(
+        tokenizer=tokenizer,
+        end_id=_token_id(tokenizer, end_token or tokenizer.eos_token, "end-of-turn (eos)"),
+        pad_id=_token_id(tokenizer, pad_token or tokenizer.pad_token, "padding"),
+        vocab_size=len(tokenizer),
+        tools=None if tools is None else tuple(tools),
+    )
+    if chat.end_id == chat.pad_id:
+        raise ChatTemplateError(
+            f"the end-of-turn and padding tokens are the same (id {chat.pad_id})"
+        )
+    user = [{"role": "user", "content": _PROBE_USER}]
+    reply = [*user, {"role": "assistant", "content": _PROBE_REPLY}]
+    _check_end(chat, user, reply)
+    if tools:
+        _check_tools(chat, user, reply)
+    return chat
+
+
+def check_vocab(chat: ChatFormat, config: PolicyConfig) -> None:
+    """Refuses a policy whose vocabulary cannot hold the tokenizer's, or another PAD.
+
+    The model may have more rows than the tokenizer has tokens (padded embeddings; the
+    extra ids are never sampled), not fewer.
+    """
+    if config.vocab_size < chat.vocab_size:
+        raise ChatTemplateError(
+            f"PolicyConfig.vocab_size={config.vocab_size} is smaller than the tokenizer's "
+            f"{chat.vocab_size} tokens: the model cannot embed every id the template emits"
+        )
+    if config.pad_id != chat.pad_id:
+        raise ChatTemplateError(
+            f"PolicyConfig.pad_id={config.pad_id} is not the tokenizer's padding token "
+            f"(id {chat.pad_id})"
+        )
+
+
+def _check_end(chat: ChatFormat, user, reply) -> None:
+    """The template closes an assistant message with the end-of-turn token."""
+    before = chat.render(user, generation_prompt=False)
+    chat.after_assistant(before, chat.render(reply, generation_prompt=False))
+    turn = chat.decode(chat.render(reply, generation_prompt=False)[len(before) :])
+    end = chat.tokenizer.convert_ids_to_tokens(chat.end_id)
+    if _PROBE_REPLY not in turn or end not in turn[turn.index(_PROBE_REPLY) :]:
+        raise ChatTemplateError(
+            f"the chat template does not end assistant turns with the end-of-turn token "
+            f"{end!r} (id {chat.end_id}): it renders an assistant message as {turn!r}"
+        )
+
+
+def _check_tools(chat: ChatFormat, user, reply) -> None:
+    names = [tool.get("function", tool).get("name") for tool in chat.tools]
+    text = chat.tokenizer.decode(chat.render(user, generation_prompt=True))
+    ignored = [name for name in names if name and name not in text]
+    if ignored:
+        raise ChatTemplateError(
+            f"the chat template ignores tools=: the tool(s) {ignored} do not appear in its "
+            "rendering"
+        )
+    tool_turn = [*reply, {"role": "tool", "content": _PROBE_TOOL}]
+    try:
+        rendered = chat.render(tool_turn, generation_prompt=True)
+    except ChatTemplateError as error:
+        raise ChatTemplateError(f"the chat template cannot render tool messages: {error}") from None
+    if _PROBE_TOOL not in chat.tokenizer.decode(rendered):
+        raise ChatTemplateError(
+            "the chat template cannot render tool messages: a 'tool' message's content does "
+            "not appear in its rendering"
+        )
+
+
+def _token_id(tokenizer: Any, token: str | None, what: str) -> int:
+    if token is None:
+        raise ChatTemplateError(f"the tokenizer has no {what} token; pass it by name to make_chat")
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    if token_id is None or (token_id == tokenizer.unk_token_id and token != tokenizer.unk_token):
+        raise ChatTemplateError(f"the {what} token {token!r} is not a token of the tokenizer")
+    return int(token_id)
+
+
+def _boundary(rendered: list[int] | None, base: Sequence[int], prompt: Sequence[int]) -> bool:
+    """`rendered` (of a conversation ending inside new messages) splits them in `prompt`."""
+    return (
+        rendered is not None and len(rendered) >= len(base) and prompt[: len(rendered)] == rendered
+    )
+
+
+def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return index
+    return min(len(a), len(b))

@@ -1,0 +1,333 @@
+"""A host-side multi-turn loop for environments written in Python (docs/text.md).
+
+A text environment speaks messages:
+
+    messages = env.reset(seed)                       # system / user messages
+    messages, signals, done = env.step(text)         # the assistant's text of one turn
+
+and the loop plays B of them at once: every turn, the live episodes' transcripts are
+left-padded into one batch and one jitted program samples the next assistant turn of
+each (`rlagent.models.sampler.generate`: KV cache, stop at the end-of-turn token,
+`TextConfig.max_new_tokens` per turn, each row from its own key); then each environment
+steps on the decoded text and its reply is appended as template tokens
+(`rlagent.text.chat`). The policy's ids are kept as generated.
+
+Left padding keeps RoPE exact: a query and a key interact through their slot difference
+only, so a transcript at slots [P - n, P) scores as it would at [0, n).
+
+Forks: an `Episode` holds its Python environment, so `fork(episode)` (a deep copy) is the
+state of the episode at its current turn, and turn t of an episode samples with
+`fold_in(keys[b], t)`: a fork played with the episode's own key continues exactly as the
+episode did; other keys give Monte-Carlo continuations of the same state.
+
+`TextLoop.trajectory(episodes)` lays the episodes out as the trainer's `Trajectory`
+(turns x tokens): `obs_tokens [B, S, O]` the template tokens read before turn s (PAD
+after them), `action_tokens [B, S, L]` the generated ids (END included, PAD after),
+`action_mask`, `logp`, `turn_mask`, `done`, `success` and `signals` of the env's
+`signal_names`, so that reward forms, estimators and statistics apply unchanged. The loop
+has no critic: `values` and `bootstrap_value` are 0 (critic-free estimators, or a value
+pass of one's own).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+from typing import NamedTuple
+from typing import Protocol
+from typing import runtime_checkable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rlagent.models.llama import PolicyConfig
+from rlagent.models.sampler import Generation
+from rlagent.models.sampler import allowed_to_mask
+from rlagent.models.sampler import generate
+from rlagent.text.chat import ChatFormat
+from rlagent.text.chat import ChatTemplateError
+from rlagent.text.chat import Message
+from rlagent.text.chat import MessageSpan
+from rlagent.text.chat import check_vocab
+from rlagent.types import Trajectory
+
+
+@runtime_checkable
+class TextEnvironment(Protocol):
+    """A multi-turn environment in Python that reads and writes messages.
+
+    `signals` of a step hold a float for every name of `signal_names` and, optionally,
+    `success` (> 0 on the turn that solves the episode). `done` ends the episode
+    (termination); the loop stops an episode after `max_turns` turns (truncation).
+    Optional: `tools` (the tool schemas the chat template renders) and
+    `episode_metrics(signals, turn_mask, action_tokens)`, as `rlagent.envs.base`'s (read by
+    `rlagent.train.ppo.episode_metrics`).
+    """
+
+    @property
+    def max_turns(self) -> int: ...
+
+    @property
+    def signal_names(self) -> tuple[str, ...]: ...
+
+    @property
+    def reward_components(self) -> tuple[str, ...]: ...
+
+    def reset(self, seed: int) -> list[Message]: ...
+
+    def step(self, text: str) -> tuple[list[Message], dict[str, float], bool]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class TextConfig:
+    """Sizes and sampling of the text loop (hashable)."""
+
+    max_new_tokens: int = 64  # L: tokens of one assistant turn (END included).
+    obs_len: int = 256  # O: template tokens read before one turn, at most.
+    max_prompt_len: int = 1024  # P: tokens of a transcript before a turn, at most.
+    temperature: float = 1.0  # tau of pi = softmax(logits / tau + mask); 0 = greedy.
+    top_k: int = 0  # sample among the k most likely tokens (0 = off; not part of pi).
+    top_p: float = 1.0  # nucleus sampling mass (1 = off; not part of pi).
+
+    def __post_init__(self):
+        for name in ("max_new_tokens", "obs_len", "max_prompt_len"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"TextConfig.{name} must be an integer >= 1, got "
+                                 f"{getattr(self, name)!r}")  # fmt: skip
+        if not (self.temperature >= 0 and self.top_k >= 0 and 0.0 < self.top_p <= 1.0):
+            raise ValueError(
+                f"TextConfig needs temperature >= 0, top_k >= 0 and top_p in (0, 1], got "
+                f"{self.temperature}, {self.top_k}, {self.top_p}"
+            )
+
+
+@dataclasses.dataclass(eq=False)
+class TurnRecord:
+    """One played turn of an episode."""
+
+    obs: list[int]  # template tokens read before the turn (O at most).
+    action: list[int]  # ids the policy generated (END included when it ended the turn).
+    logp: list[float]  # behaviour log pi of each generated id.
+    signals: dict[str, float]  # the env's signals of the turn.
+    done: bool  # the environment ended the episode at this turn.
+
+
+@dataclasses.dataclass(eq=False)
+class Episode:
+    """One conversation on the host: its environment, transcript and turns.
+
+    `tokens` is the transcript the policy reads, `loss_mask` True exactly on the ids it
+    generated, `spans` the messages' places in it (`chat.MessageSpan`, tiling `tokens`).
+    `messages` also holds the environment's last reply, which no turn reads.
+    """
+
+    env: Any  # the TextEnvironment, advanced in place (fork before playing on).
+    messages: list[Message]
+    tokens: list[int]
+    loss_mask: list[bool]
+    spans: list[MessageSpan]
+    turns: list[TurnRecord]
+    rendered: list[int]  # the template's rendering of the messages before the next turn.
+    pending: list[int]  # the template tokens the next turn reads.
+    done: bool = False  # terminated by the environment.
+
+    @property
+    def over(self) -> bool:
+        """Terminated, or truncated after `env.max_turns` turns."""
+        return self.done or len(self.turns) >= self.env.max_turns
+
+
+def fork(episode: Episode) -> Episode:
+    """A copy of the episode at its current turn, environment state included."""
+    return copy.deepcopy(episode)
+
+
+class TextLoop(NamedTuple):
+    """Plays text environments with a policy (`make_text_loop`)."""
+
+    chat: ChatFormat
+    config: TextConfig
+    sample: Any  # jitted (params, prompts [B, P], valid [B, P], keys [B]) -> Generation.
+
+    def start(self, env: Any, seed: int) -> Episode:
+        """A fresh episode: `env.reset(seed)` rendered up to the generation prompt."""
+        _check_env(env, self.chat)
+        messages = list(env.reset(seed))
+        tokens, spans, rendered = self.chat.extend(messages, 0, [], [])
+        episode = Episode(
+            env, messages, list(tokens), [False] * len(tokens), spans, [], rendered, pending=tokens
+        )
+        _check_sizes(episode, self.config)
+        return episode
+
+    def play(
+        self,
+        params: nnx.State,
+        episodes: Sequence[Episode],
+        keys: jax.Array,
+        *,
+        num_turns: int | None = None,
+    ) -> list[Episode]:
+        """Advances the episodes (in place) by `num_turns` turns (default: to the end).
+
+        Args:
+          params: the policy's parameters (of the loop's graphdef).
+          episodes: B episodes; those over are left as they are.
+          keys: [B] PRNG keys; turn t of episode b samples with `fold_in(keys[b], t)`.
+        """
+        if len(keys) != len(episodes):
+            raise ValueError(f"{len(keys)} keys for {len(episodes)} episodes")
+        played = 0
+        while any(not e.over for e in episodes) and (num_turns is None or played < num_turns):
+            prompts, valid = _left_pad(episodes, self.config.max_prompt_len, self.chat.pad_id)
+            turn_index = jnp.asarray([len(e.turns) for e in episodes], jnp.int32)
+            turn_keys = jax.vmap(jax.random.fold_in)(keys, turn_index)
+            out = jax.device_get(self.sample(params, prompts, valid, turn_keys))
+            for row, episode in enumerate(episodes):
+                if not episode.over:
+                    length = int(out.mask[row].sum())
+                    ids, logp = out.tokens[row, :length], out.logp[row, :length]
+                    self._advance(episode, ids.tolist(), logp.tolist())
+            played += 1
+        return list(episodes)
+
+    def trajectory(self, episodes: Sequence[Episode]) -> Trajectory:
+        """The episodes as the trainer's turn-major `Trajectory` (see the module docstring)."""
+        return to_trajectory(episodes, self.config, self.chat.pad_id)
+
+    def _advance(self, episode: Episode, ids: list[int], logp: list[float]) -> None:
+        """Appends one generated turn, steps the environment, appends its reply."""
+        chat = self.chat
+        ended = bool(ids) and ids[-1] == chat.end_id
+        text = chat.decode(ids[:-1] if ended else ids)
+        start = len(episode.tokens)
+        episode.tokens += ids
+        episode.loss_mask += [True] * len(ids)
+        episode.spans.append(MessageSpan("assistant", start, len(episode.tokens)))
+        episode.messages.append({"role": "assistant", "content": text})
+        reply, signals, done = episode.env.step(text)
+        signals = {name: float(value) for name, value in signals.items()}
+        missing = [name for name in episode.env.signal_names if name not in signals]
+        if missing:
+            raise ValueError(f"{type(episode.env).__name__}.step reported no signal {missing}")
+        episode.turns.append(TurnRecord(episode.pending, ids, logp, signals, bool(done)))
+        assistant = len(episode.messages)
+        episode.messages += list(reply)
+        episode.done = bool(done)
+        if episode.over:
+            episode.pending = []
+            return
+        closed = chat.render(episode.messages[:assistant], generation_prompt=False)
+        glue = ([] if ended else [chat.end_id]) + chat.after_assistant(episode.rendered, closed)
+        tokens, spans, episode.rendered = chat.extend(episode.messages, assistant, closed, glue)
+        offset = len(episode.tokens)
+        episode.spans += [MessageSpan(s.role, s.start + offset, s.stop + offset) for s in spans]
+        episode.tokens += tokens
+        episode.loss_mask += [False] * len(tokens)
+        episode.pending = tokens
+        _check_sizes(episode, self.config)
+
+
+def make_text_loop(
+    chat: ChatFormat, graphdef: nnx.GraphDef, policy_config: PolicyConfig, config: TextConfig
+) -> TextLoop:
+    """The loop of a policy (`nnx.split` of a Llama, ContextLM or Policy: its LM reads the
+    transcript as a plain causal LM) with the model's own tokenizer and chat template.
+
+    Refused (`ChatTemplateError`): a policy vocabulary smaller than the tokenizer's, or
+    another padding token (`chat.check_vocab`).
+    """
+    check_vocab(chat, policy_config)
+    logits_mask = allowed_to_mask(jnp.asarray(chat.sampling_mask(policy_config.vocab_size)))
+    settings = dict(
+        max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+        top_k=config.top_k, top_p=config.top_p, end_id=chat.end_id, pad_id=chat.pad_id,
+    )  # fmt: skip
+
+    def row(params, prompt, valid, key) -> Generation:
+        out = generate(
+            graphdef, params, prompt[None], key,
+            logits_mask=logits_mask, prompt_valid=valid[None], **settings,
+        )  # fmt: skip
+        return jax.tree.map(lambda x: x[0], out)
+
+    sample = jax.jit(jax.vmap(row, in_axes=(None, 0, 0, 0)))
+    return TextLoop(chat=chat, config=config, sample=sample)
+
+
+def to_trajectory(episodes: Sequence[Episode], config: TextConfig, pad_id: int) -> Trajectory:
+    """`[B, S, ...]` Trajectory of host episodes, S = their environments' `max_turns`."""
+    turns = {e.env.max_turns for e in episodes}
+    if len(turns) != 1:
+        raise ValueError(f"episodes of different max_turns {sorted(turns)} in one batch")
+    shape = (len(episodes), turns.pop())
+    obs = np.full((*shape, config.obs_len), pad_id, np.int32)
+    action = np.full((*shape, config.max_new_tokens), pad_id, np.int32)
+    logp = np.zeros(action.shape, np.float32)
+    turn_mask, done, success = (np.zeros(shape, bool) for _ in range(3))
+    names = tuple(episodes[0].env.signal_names) if episodes else ()
+    signals = {name: np.zeros(shape, np.float32) for name in names}
+    for b, episode in enumerate(episodes):
+        for s, turn in enumerate(episode.turns):
+            obs[b, s, : len(turn.obs)] = turn.obs
+            action[b, s, : len(turn.action)] = turn.action
+            logp[b, s, : len(turn.logp)] = turn.logp
+            turn_mask[b, s], done[b, s] = True, turn.done
+            success[b, s] = turn.signals.get("success", 0.0) > 0
+            for name in names:
+                signals[name][b, s] = turn.signals[name]
+    lengths = np.asarray([[len(t.action) for t in e.turns] + [0] * (shape[1] - len(e.turns))
+                          for e in episodes]).reshape(shape)  # fmt: skip
+    action_mask = np.arange(config.max_new_tokens) < lengths[..., None]
+    return Trajectory(
+        obs_tokens=jnp.asarray(obs), progress=jnp.zeros((*shape, 1), jnp.int32),
+        action_tokens=jnp.asarray(action), action_mask=jnp.asarray(action_mask),
+        logp=jnp.asarray(logp), values=jnp.zeros(action.shape, jnp.float32),
+        turn_mask=jnp.asarray(turn_mask), signals={k: jnp.asarray(v) for k, v in signals.items()},
+        success=jnp.asarray(success), done=jnp.asarray(done),
+        bootstrap_value=jnp.zeros(shape[:1], jnp.float32),
+    )  # fmt: skip
+
+
+def _left_pad(episodes: Sequence[Episode], length: int, pad_id: int):
+    """`(prompts [B, P] int32, valid [B, P] bool)`: each transcript at the right end."""
+    prompts = np.full((len(episodes), length), pad_id, np.int32)
+    valid = np.zeros(prompts.shape, bool)
+    for row, episode in enumerate(episodes):
+        if not episode.over:
+            prompts[row, length - len(episode.tokens) :] = episode.tokens
+            valid[row, length - len(episode.tokens) :] = True
+    return jnp.asarray(prompts), jnp.asarray(valid)
+
+
+def _check_sizes(episode: Episode, config: TextConfig) -> None:
+    if len(episode.pending) > config.obs_len:
+        raise ValueError(
+            f"turn {len(episode.turns)} reads {len(episode.pending)} template tokens, more "
+            f"than TextConfig.obs_len={config.obs_len}"
+        )
+    if len(episode.tokens) > config.max_prompt_len:
+        raise ValueError(
+            f"the transcript before turn {len(episode.turns)} has {len(episode.tokens)} "
+            f"tokens, more than TextConfig.max_prompt_len={config.max_prompt_len}"
+        )
+
+
+def _check_env(env: Any, chat: ChatFormat) -> None:
+    missing = [
+        name for name in ("max_turns", "signal_names", "reset", "step") if not hasattr(env, name)
+    ]
+    if missing:
+        raise TypeError(f"{type(env).__name__} is not a TextEnvironment: it lacks {missing}")
+    if "success" in env.signal_names:
+        raise ValueError(f"{type(env).__name__}.signal_names must not list 'success'")
+    tools = getattr(env, "tools", None)
+    if tools and (chat.tools is None or tuple(tools) != chat.tools):
+        raise ChatTemplateError(
+            f"{type(env).__name__} uses tools that the ChatFormat does not render: make it "
+            "with make_chat(tokenizer, tools=env.tools)"
+        )

@@ -1,0 +1,60 @@
+"""Teacher-forced log-probs of text-mode trajectories, as the text loop sampled them.
+
+A text `Trajectory` (`rlagent.text.loop.to_trajectory`) stores each turn as the template
+tokens it read, PAD after them, then the ids the policy generated, PAD after END. The
+policy read the transcript without those PADs, at consecutive positions; so scoring packs
+each row's tokens (template tokens, `obs != PAD`, and generated ones, `loss_mask`) to the
+front in order, runs the LM once over the packed rows (causal, the pads after them never
+attended to) and scatters the log-probs of generated ids back to `[B, S, L]`. With the
+loop's temperature and sampling mask these are the behaviour log-probs up to float
+rounding (`tests/test_text.py`), the ratio's denominator of a text-mode PPO.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rlagent.models.llama import PolicyConfig
+from rlagent.models.sampler import allowed_to_mask
+from rlagent.models.sampler import as_llama
+from rlagent.models.sampler import policy_log_probs
+from rlagent.text.chat import ChatFormat
+from rlagent.text.loop import TextConfig
+from rlagent.types import Trajectory
+from rlagent.types import token_view
+
+
+def make_text_score(
+    chat: ChatFormat, graphdef: nnx.GraphDef, policy_config: PolicyConfig, config: TextConfig
+) -> Callable[[nnx.State, Trajectory], jax.Array]:
+    """`score(params, trajectory) -> [B, S, L]` float32 log pi of the generated ids (0
+    elsewhere), pi = softmax(logits / temperature + sampling mask) as the loop samples."""
+    logits_mask = allowed_to_mask(jnp.asarray(chat.sampling_mask(policy_config.vocab_size)))
+
+    @jax.jit
+    def score(params: nnx.State, trajectory: Trajectory) -> jax.Array:
+        lm = as_llama(nnx.merge(graphdef, params))
+        view = token_view(trajectory)
+        keep = (view.tokens != chat.pad_id) | view.loss_mask  # [B, T]
+        # Stable: kept positions first, in their order.
+        order = jnp.argsort(~keep, axis=1, stable=True)
+        packed = jnp.take_along_axis(view.tokens, order, axis=1)
+        valid = jnp.take_along_axis(keep, order, axis=1)
+        hidden, _ = lm(lm.embed(packed), valid)
+        log_pi = policy_log_probs(
+            lm.logits(hidden[:, :-1]), temperature=config.temperature, mask=logits_mask
+        )
+        token_logp = jnp.take_along_axis(log_pi, packed[:, 1:, None], axis=-1)[..., 0]
+        token_logp = jnp.pad(token_logp, ((0, 0), (1, 0)))  # position 0 is predicted by none.
+        rows = jnp.arange(order.shape[0])[:, None]
+        unpacked = jnp.zeros_like(token_logp).at[rows, order].set(token_logp)
+        unpacked = jnp.where(view.loss_mask, unpacked, 0.0)
+        batch, turns, turn_len = trajectory.action_tokens.shape
+        per_turn = unpacked.reshape(batch, turns, -1)
+        return per_turn[..., per_turn.shape[-1] - turn_len :]
+
+    return score

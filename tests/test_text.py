@@ -1,0 +1,353 @@
+"""Text mode: the model's tokenizer and chat template, token in / token out, the host loop.
+
+A tiny byte-level BPE tokenizer and a ChatML template with a tools section are built
+locally; the policy is a tiny random Policy whose vocabulary (304 rows) pads the
+tokenizer's 300 tokens, so the padded-vocabulary case is always exercised. One loop (one
+compiled sampler) is shared by the module.
+"""
+
+import copy
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+pytest.importorskip("transformers")
+from tokenizers import Tokenizer  # noqa: E402
+from tokenizers import decoders  # noqa: E402
+from tokenizers import models  # noqa: E402
+from tokenizers import pre_tokenizers  # noqa: E402
+from tokenizers import trainers  # noqa: E402
+from transformers import PreTrainedTokenizerFast  # noqa: E402
+
+from rlagent.models import Policy  # noqa: E402
+from rlagent.models import PolicyConfig  # noqa: E402
+from rlagent.models.sampler import Generation  # noqa: E402
+from rlagent.text import ChatTemplateError  # noqa: E402
+from rlagent.text import TextConfig  # noqa: E402
+from rlagent.text import check_vocab  # noqa: E402
+from rlagent.text import fork  # noqa: E402
+from rlagent.text import make_chat  # noqa: E402
+from rlagent.text import make_text_loop  # noqa: E402
+from rlagent.text.guess import GUESS_TOOL  # noqa: E402
+from rlagent.text.guess import GuessNumber  # noqa: E402
+from rlagent.text.score import make_text_score  # noqa: E402
+from rlagent.train.config import TrainConfig  # noqa: E402
+from rlagent.train.estimators import estimate_advantages  # noqa: E402
+from rlagent.train.ppo import episode_metrics  # noqa: E402
+from rlagent.train.rewards import turn_rewards  # noqa: E402
+from rlagent.types import token_view  # noqa: E402
+
+SPECIAL = ["<pad>", "<|im_start|>", "<|im_end|>"]
+CHATML = (
+    "{%- if tools %}<|im_start|>system\n# Tools\n{% for tool in tools %}{{ tool | tojson }}\n"
+    "{% endfor %}<|im_end|>\n{% endif %}"
+    "{%- for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# Refuses the tool role, as templates of models without tool use do.
+NO_TOOL_ROLE = CHATML.replace(
+    "{%- for message in messages %}",
+    "{%- for message in messages %}{% if message.role == 'tool' %}"
+    "{{ raise_exception('roles must be system, user or assistant') }}{% endif %}",
+)
+# Drops past assistant turns' content (as reasoning templates drop past thinking).
+REWRITES_PAST = CHATML.replace(
+    "{{ message.content }}",
+    "{% if message.role == 'assistant' and not loop.last %}...{% else %}{{ message.content }}"
+    "{% endif %}",
+)
+# Wraps consecutive tool results in one user turn, as Qwen2.5's template does.
+GROUPS_TOOLS = CHATML.replace(
+    "{%- for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "<|im_end|>\n{% endfor %}",
+    "{%- for message in messages %}{% if message.role == 'tool' %}"
+    "{% if messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
+    "\n<tool_response>{{ message.content }}</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endif %}"
+    "{% endfor %}",
+)
+CONFIG = TextConfig(max_new_tokens=10, obs_len=256, max_prompt_len=352)
+BATCH = 3
+
+
+def _tokenizer(template=CHATML):
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=SPECIAL, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )  # fmt: skip
+    corpus = ["system user assistant tool guess number higher lower correct function"] * 4
+    tokenizer.train_from_iterator(
+        [*corpus, "You guess numbers. Guess my number from 1 to 9."], trainer
+    )
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", eos_token="<|im_end|>"
+    )
+    hf.chat_template = template
+    return hf
+
+
+def _env():
+    # Three-digit secrets: a random policy's text practically never names one.
+    return GuessNumber(low=100, high=999, max_turns=3, use_tools=True)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tokenizer = _tokenizer()
+    chat = make_chat(tokenizer, tools=[GUESS_TOOL])
+    policy_config = PolicyConfig(
+        vocab_size=304, pad_id=chat.pad_id, d_model=32, num_layers=1, num_heads=2,
+        num_kv_heads=1, mlp_dim=64, summary_dim=8, num_summary_slots=0,
+    )  # fmt: skip
+    graphdef, params = nnx.split(Policy(policy_config, rngs=nnx.Rngs(0)))
+    loop = make_text_loop(chat, graphdef, policy_config, CONFIG)
+    keys = jax.random.split(jax.random.key(1), BATCH)
+    episodes = [loop.start(_env(), seed) for seed in range(BATCH)]
+    loop.play(params, episodes, keys)
+    return dict(
+        tokenizer=tokenizer, chat=chat, config=policy_config, graphdef=graphdef,
+        params=params, loop=loop, keys=keys, episodes=episodes,
+    )  # fmt: skip
+
+
+def test_masked_tokens_are_the_generated_ids_and_decode_to_the_assistant_messages(setup):
+    chat, episodes = setup["chat"], setup["episodes"]
+    drifted = []
+    for episode in episodes:
+        tokens, mask = np.asarray(episode.tokens), np.asarray(episode.loss_mask)
+        assert [s.start for s in episode.spans[1:]] == [s.stop for s in episode.spans[:-1]]
+        assert episode.spans[0].start == 0 and episode.spans[-1].stop == len(tokens)
+        assistant = [s for s in episode.spans if s.role == "assistant"]
+        assert len(assistant) == len(episode.turns) == 3  # a random policy never guesses.
+        assert tokens[mask].tolist() == sum((t.action for t in episode.turns), [])
+        texts = [m["content"] for m in episode.messages if m["role"] == "assistant"]
+        for span, turn, text in zip(assistant, episode.turns, texts, strict=True):
+            assert (
+                mask[span.start : span.stop].all()
+                and tokens[span.start : span.stop].tolist() == turn.action
+            )
+            ended = turn.action[-1] == chat.end_id
+            assert chat.decode(turn.action[:-1] if ended else turn.action) == text
+        assert not (set(tokens[mask].tolist()) & {chat.pad_id, 300, 301, 302, 303})
+        first = chat.render(episode.messages[:2], generation_prompt=True)
+        assert episode.tokens[: len(first)] == first and not mask[: len(first)].any()
+        # Rendering the text conversation and re-tokenizing it gives other ids (drift);
+        # the episode never trains on those.
+        rendered = chat.render(episode.messages[:-1], generation_prompt=False)
+        drifted.append(rendered[: len(tokens)] != episode.tokens)
+    assert any(drifted)
+
+
+def test_tool_replies_are_template_tokens_between_turns(setup):
+    chat, episode = setup["chat"], setup["episodes"][0]
+    tool = [s for s in episode.spans if s.role == "tool"]
+    assert len(tool) == 2  # after turns 0 and 1; the last reply is read by no turn.
+    for span, turn in zip(tool, episode.turns[1:], strict=True):
+        assert episode.tokens[span.start : span.stop] == turn.obs
+        assert not any(episode.loss_mask[span.start : span.stop])
+        assert "<|im_start|>tool\n" in chat.decode(turn.obs)
+        assert chat.decode(turn.obs).endswith("<|im_start|>assistant\n")
+
+
+def test_trajectory_lays_out_the_transcript_and_feeds_rewards_and_estimators(setup):
+    chat, episodes = setup["chat"], setup["episodes"]
+    traj = setup["loop"].trajectory(episodes)
+    assert traj.obs_tokens.shape == (BATCH, 3, CONFIG.obs_len)
+    assert traj.action_tokens.shape == traj.logp.shape == (BATCH, 3, CONFIG.max_new_tokens)
+    view = token_view(traj)
+    tokens = np.asarray(view.tokens)
+    keep = (tokens != chat.pad_id) | np.asarray(view.loss_mask)
+    for row, episode in enumerate(episodes):
+        assert tokens[row][keep[row]].tolist() == episode.tokens
+        assert np.asarray(view.loss_mask)[row][keep[row]].tolist() == episode.loss_mask
+    np.testing.assert_allclose(
+        np.asarray(traj.logp)[np.asarray(traj.loss_mask)],
+        np.concatenate([t.logp for e in episodes for t in e.turns]), rtol=1e-6,
+    )  # fmt: skip
+    # An episode with a right guess on its second turn (signals set by hand).
+    success = traj.success.at[0, 1].set(True)
+    outcome = traj.signals["outcome"].at[0, 1].set(1.0)
+    traj = traj._replace(
+        success=success, signals={"outcome": outcome}, done=traj.done.at[0, 1].set(True),
+        turn_mask=traj.turn_mask.at[0, 2].set(False),
+    )  # fmt: skip
+    config = TrainConfig(
+        num_groups=1, group_size=BATCH, num_minibatches=1, reward="outcome", estimator="grpo"
+    )
+    # Jitted: one compile each instead of an eager dispatch per op.
+    rewards = jax.jit(turn_rewards, static_argnums=1)(traj, config)
+    np.testing.assert_array_equal(rewards, np.asarray(outcome) * np.asarray(traj.turn_mask))
+    estimate = jax.jit(estimate_advantages, static_argnums=3)
+    advantages, _ = estimate(traj, rewards, jnp.zeros(traj.logp.shape), config)
+    advantages = np.asarray(advantages)
+    assert np.all(advantages[~np.asarray(traj.loss_mask)] == 0)
+    assert advantages[0][np.asarray(traj.loss_mask)[0]].min() > 0 > advantages[1].min()
+    assert bool(traj.episode_success[0]) and not bool(traj.episode_success[1:].any())
+
+
+def test_teacher_forced_scoring_gives_back_the_behaviour_log_probs(setup):
+    score = make_text_score(setup["chat"], setup["graphdef"], setup["config"], CONFIG)
+    traj = setup["loop"].trajectory(setup["episodes"])
+    logp = np.asarray(score(setup["params"], traj))
+    mask = np.asarray(traj.loss_mask)
+    np.testing.assert_allclose(logp[mask], np.asarray(traj.logp)[mask], atol=2e-5)
+    assert np.all(logp[~mask] == 0)
+
+
+def test_a_fork_continues_identically_with_the_same_keys(setup):
+    loop, params, keys = setup["loop"], setup["params"], setup["keys"]
+    episodes = [loop.start(_env(), seed) for seed in range(BATCH)]
+    loop.play(params, episodes, keys, num_turns=1)
+    forks = [fork(e) for e in episodes]
+    others = [fork(e) for e in episodes]
+    assert forks[0].env is not episodes[0].env and forks[0].env.secret == episodes[0].env.secret
+    loop.play(params, episodes, keys)
+    loop.play(params, forks, keys)
+    loop.play(params, others, jax.random.split(jax.random.key(7), BATCH))
+    for episode, forked in zip(episodes, forks, strict=True):
+        assert forked.tokens == episode.tokens and forked.messages == episode.messages
+        assert [t.logp for t in forked.turns] == [t.logp for t in episode.turns]
+    # The played-through episodes are those of the shared fixture (same keys from turn 0).
+    assert [e.tokens for e in episodes] == [e.tokens for e in setup["episodes"]]
+    assert any(o.tokens != e.tokens for o, e in zip(others, episodes, strict=True))
+
+
+def _scripted(chat, calls):
+    """A sampler that writes `calls[i][row]` (then END) at its i-th call."""
+    calls = iter(calls)
+
+    def sample(params, prompts, valid, keys):
+        tokens = np.full((len(keys), CONFIG.max_new_tokens), chat.pad_id, np.int32)
+        mask = np.zeros(tokens.shape, bool)
+        for row, text in enumerate(next(calls)):
+            ids = chat.tokenizer.encode(text, add_special_tokens=False) + [chat.end_id]
+            tokens[row, : len(ids)], mask[row, : len(ids)] = ids, True
+        return Generation(tokens, np.where(mask, -0.5, 0.0).astype(np.float32), mask)
+
+    return sample
+
+
+def test_turns_ended_by_the_policy_and_a_solved_episode(setup):
+    chat = make_chat(setup["tokenizer"])
+    loop = setup["loop"]._replace(chat=chat, sample=_scripted(chat, [["3", "5"], ["5", "-"]]))
+    episodes = [loop.start(GuessNumber(low=5, high=5), seed) for seed in range(2)]
+    loop.play(None, episodes, setup["keys"][:2])
+    first, second = episodes
+    assert [t.action for t in first.turns] == [
+        chat.tokenizer.encode(x) + [chat.end_id] for x in "35"
+    ]
+    assert first.messages[2] == {"role": "assistant", "content": "3"}
+    # No forced END: the next turn reads the template's "\n" after <|im_end|>, the reply
+    # and the generation prompt.
+    assert chat.decode(first.turns[1].obs) == (
+        "\n<|im_start|>user\nhigher<|im_end|>\n<|im_start|>assistant\n"
+    )
+    # Canonical ids (no drift): the transcript is the template's rendering, token for token.
+    assert first.tokens == chat.render(first.messages[:-1], generation_prompt=False)[:-1]
+    assert first.messages[-1]["content"] == "correct" and len(second.turns) == 1
+    traj = loop.trajectory(episodes)
+    np.testing.assert_array_equal(traj.turn_mask, [[1, 1, 0], [1, 0, 0]])
+    np.testing.assert_array_equal(traj.done, [[0, 1, 0], [1, 0, 0]])
+    np.testing.assert_array_equal(traj.success, traj.done)
+    np.testing.assert_array_equal(traj.signals["outcome"], traj.done)
+    np.testing.assert_array_equal(traj.action_mask.sum(-1), [[2, 2, 0], [2, 0, 0]])
+    metrics = episode_metrics(first.env, traj)
+    assert float(metrics["success"]) == 1.0 and float(metrics["turns"]) == 1.5
+    assert float(metrics["guesses_when_solved"]) == 1.5 and float(metrics["tokens"]) == 3.0
+
+
+def test_a_generation_prompt_other_than_the_assistant_header_is_kept_as_read(setup):
+    # As thinking templates that open an empty reasoning block only in the generation prompt.
+    template = CHATML.replace(
+        "<|im_start|>assistant\n{% endif %}", "<|im_start|>assistant\n- {% endif %}"
+    )
+    chat = make_chat(_tokenizer(template))
+    loop = setup["loop"]._replace(chat=chat, sample=_scripted(chat, [["3"], ["4"]]))
+    env = GuessNumber(low=5, high=5, max_turns=2)
+    (episode,) = loop.play(None, [loop.start(env, 0)], setup["keys"][:1])
+    text = chat.decode(episode.tokens)
+    assert text.count("<|im_start|>assistant\n- ") == 2 and text.endswith("- 4<|im_end|>")
+    assert "assistant\n3<|im_end|>" in chat.tokenizer.decode(
+        chat.render(episode.messages[:3], generation_prompt=False)
+    )
+
+
+def test_spans_follow_the_messages_or_the_groups_the_template_renders(setup):
+    conversation = [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "4"},
+        {"role": "tool", "content": "a"}, {"role": "tool", "content": "b"},
+    ]  # fmt: skip
+    for template, roles in ((CHATML, ["tool", "tool"]), (GROUPS_TOOLS, ["tool"])):
+        chat = make_chat(_tokenizer(template), tools=[GUESS_TOOL])
+        base = chat.render(conversation[:2], generation_prompt=False)
+        tokens, spans, rendered = chat.extend(conversation, 2, base, [])
+        assert [s.role for s in spans] == roles
+        assert spans[0].start == 0 and spans[-1].stop == len(tokens)
+        assert base + tokens == chat.render(conversation, generation_prompt=True)
+        assert rendered == chat.render(conversation, generation_prompt=False)
+    assert chat.decode(tokens).startswith(
+        "<|im_start|>user<tool_response>a</tool_response><tool_response>b</tool_response>"
+    )
+
+
+def test_guess_number_plays_by_its_rules():
+    env = GuessNumber(low=1, high=9, max_turns=3)
+    messages = env.reset(4)
+    assert [m["role"] for m in messages] == ["system", "user"]
+    secret = env.secret
+    reply, signals, done = env.step(f"I guess {secret - 1}")
+    assert reply == [{"role": "user", "content": "higher"}] and not done
+    assert signals == {"outcome": 0.0, "success": 0.0}
+    clone = copy.deepcopy(env)
+    reply, signals, done = env.step(str(secret))
+    assert reply[0]["content"] == "correct" and done and signals["outcome"] == 1.0
+    assert clone.step("no number")[0][0]["content"] == "say a number"
+    assert clone.step("0")[2]  # the third guess ends the episode
+
+
+def test_chat_refusals_name_the_fault(setup):
+    tokenizer = setup["tokenizer"]
+    bare = _tokenizer(template=None)
+    with pytest.raises(ChatTemplateError, match="has no chat template"):
+        make_chat(bare)
+    with pytest.raises(ChatTemplateError, match="cannot render tool messages"):
+        make_chat(_tokenizer(NO_TOOL_ROLE), tools=[GUESS_TOOL])
+    make_chat(_tokenizer(NO_TOOL_ROLE))  # fine without tools.
+    with pytest.raises(ChatTemplateError, match="ignores tools"):
+        make_chat(_tokenizer(CHATML.replace("{{ tool | tojson }}", "a tool")), tools=[GUESS_TOOL])
+    with pytest.raises(ChatTemplateError, match="does not end assistant turns"):
+        make_chat(tokenizer, end_token="<|im_start|>")
+    with pytest.raises(ChatTemplateError, match="not a token of the tokenizer"):
+        make_chat(tokenizer, end_token="<|eot_id|>")
+    rewrites = make_chat(_tokenizer(REWRITES_PAST))
+    conversation = [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "higher"},
+    ]  # fmt: skip
+    with pytest.raises(ChatTemplateError, match="prefix-stably"):
+        rewrites.extend(
+            conversation, 2, rewrites.render(conversation[:2], generation_prompt=False), []
+        )
+
+
+def test_policy_and_environment_refusals(setup):
+    chat, config, loop = setup["chat"], setup["config"], setup["loop"]
+    small = PolicyConfig(vocab_size=299, pad_id=chat.pad_id)
+    with pytest.raises(ChatTemplateError, match="vocab_size=299 is smaller"):
+        check_vocab(chat, small)
+    with pytest.raises(ChatTemplateError, match="pad_id=5 is not the tokenizer's padding"):
+        check_vocab(chat, PolicyConfig(vocab_size=config.vocab_size, pad_id=5))
+    no_tools = loop._replace(chat=make_chat(setup["tokenizer"]))
+    with pytest.raises(ChatTemplateError, match="uses tools"):
+        no_tools.start(GuessNumber(use_tools=True), 0)
+    tight = loop._replace(config=TextConfig(max_new_tokens=10, obs_len=16, max_prompt_len=352))
+    with pytest.raises(ValueError, match="more than TextConfig.obs_len=16"):
+        tight.start(GuessNumber(use_tools=True), 0)
