@@ -20,7 +20,9 @@ metric's range. This module provides, for per-seed scores of several conditions:
   `bootstrap_mean_difference` (unpaired difference of means), and the one formatter of
   each kind of interval for tables: `format_mean_ci`, `format_interval`, `format_takeoff`.
 
-Everything runs on the host in NumPy / SciPy; nothing here is traced.
+Everything runs on the host in NumPy / SciPy; nothing here is traced. SciPy's and
+rliable's modules are imported where they are used: `scipy.stats` alone takes over a
+second to import, which every launcher and test process would pay at start-up.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from scipy import stats as scipy_stats
 
 REPS_ENV = "RLAGENT_BOOTSTRAP_REPS"
 DEFAULT_REPS = 2000
@@ -118,6 +119,8 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> dict[str, floa
     For roughly normal per-seed quantities (correlations, biases); success rates, which are
     often bimodal over seeds, get `interval_estimates` and `takeoff_rate` instead.
     """
+    from scipy import stats as scipy_stats
+
     x = np.asarray(values, np.float64)
     if x.ndim != 1 or x.size == 0:
         raise ValueError(f"values must be a non-empty 1-D sequence, got shape {x.shape}.")
@@ -174,6 +177,8 @@ def takeoff_rate(values: Sequence[float], threshold: float, confidence: float = 
 
     Returns {"rate", "low", "high", "k", "n", "threshold"}.
     """
+    from scipy import stats as scipy_stats
+
     x = np.asarray(values, np.float64)
     if x.ndim != 1 or x.size == 0:
         raise ValueError(f"values must be a non-empty 1-D sequence, got shape {x.shape}.")
@@ -220,6 +225,7 @@ def pairwise_comparisons(
     pairs, and `significant` = p_holm < alpha.
     """
     from rliable import metrics
+    from scipy import stats as scipy_stats
 
     names = list(scores)
     pairs = list(itertools.combinations(names, 2))

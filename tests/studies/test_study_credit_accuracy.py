@@ -24,30 +24,6 @@ OUTPUTS = (
 )
 
 
-@pytest.mark.slow
-def test_tiny_study_writes_its_outputs(tmp_path):
-    config = credit_accuracy.get_config()
-    config.policies = "prover_0.5"
-    config.horizons = "2"
-    config.estimators = "gae_turn,rloo"
-    config.rewards = "process"
-    config.seeds = 2
-    config.num_groups = 2
-    config.group_size = 2
-    config.num_samples = 4
-    study.run(config, str(tmp_path))
-    for name in OUTPUTS:
-        assert os.path.getsize(tmp_path / name) > 0
-    with open(tmp_path / "credit.csv") as f:
-        rows = list(csv.DictReader(f))
-    assert len(rows) == 2 * 2  # estimators x seeds
-    for column in ("policy", "horizon", "estimator", "reward", "seed", "spearman", "pearson"):
-        assert column in rows[0]
-    assert {"sign_agreement", "auroc_verdict"} <= set(rows[0])
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert set(summary["process"]["prover_0.5"]) == {"gae_turn", "rloo"}
-
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The tiny setting of the test above, as launcher flags.
 TINY_FLAGS = [
@@ -103,12 +79,23 @@ def test_launcher_refuses_a_non_empty_workdir_and_changes_nothing(tmp_path):
 
 
 @pytest.mark.slow
-def test_launcher_overwrites_a_non_empty_workdir_with_the_flag(tmp_path):
+def test_launcher_overwrites_a_non_empty_workdir_and_writes_the_tiny_study(tmp_path):
     _main_experiment_outputs(tmp_path)
     result = _launch(tmp_path, "--overwrite")
     assert result.returncode == 0, result.stderr[-2000:]
     assert sorted(os.listdir(tmp_path)) == sorted(OUTPUTS)  # nothing of the old run is left
     assert "main experiment" not in (tmp_path / "summary.md").read_text()
+    # The tiny study's own outputs (the launcher is the study's one end-to-end run).
+    for name in OUTPUTS:
+        assert os.path.getsize(tmp_path / name) > 0
+    with open(tmp_path / "credit.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 * 2  # estimators x seeds
+    for column in ("policy", "horizon", "estimator", "reward", "seed", "spearman", "pearson"):
+        assert column in rows[0]
+    assert {"sign_agreement", "auroc_verdict"} <= set(rows[0])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert set(summary["process"]["prover_0.5"]) == {"gae_turn", "rloo"}
 
 
 @pytest.mark.parametrize(
