@@ -19,6 +19,10 @@ CPU may be shared). Keys:
 * `by_runs`: the same per run count.
 * `first_update_metrics`: every metric of the first update from `trainer.init` at the
   largest run count, one value per run (to compare two versions of the trainer).
+* With `--live_chunks_ab`, `live_chunks_ab`: the rollout of every run (vmapped, from
+  `trainer.init`) playing every row (`RolloutConfig.live_chunks=0`) against the
+  config's, timed alternately in one process (`repeats` pairs): median ms of each, the
+  median of the paired ratios, and the alive fraction by turn.
 
 Compile times alone:
 
@@ -61,7 +65,9 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from rlagent.rollout import make_rollout
 from rlagent.train.ppo import make_train
+from rlagent.train.ppo import policy_graphdef
 from rlagent.train.rewards import reward_weights
 
 try:  # the layout since e6da395
@@ -98,6 +104,12 @@ _CACHE_DIR = flags.DEFINE_string(
     "JAX's persistent compilation cache folder for this process (default: none, so that "
     "compile times are measured; --cache_check sets it for its children).",
 )
+_LIVE_CHUNKS_AB = flags.DEFINE_bool(
+    "live_chunks_ab", False, "Only time the rollout: every row against live rows only."
+)
+_LIVE_CHUNKS = flags.DEFINE_integer(
+    "live_chunks", 8, "RolloutConfig.live_chunks of the live-rows side of --live_chunks_ab."
+)
 
 
 def main(argv):
@@ -130,6 +142,14 @@ def main(argv):
         "turn_slots_per_run": setup.train_config.batch_size * setup.env.max_turns,
         "by_runs": {},
     }
+    if _LIVE_CHUNKS_AB.value:
+        state = _init(trainer, setup.train_config, runs[: counts[-1]])
+        results["live_chunks_ab"] = _live_chunks_ab(setup, state)
+        print(json.dumps(results, indent=2))
+        if _JSON_OUT.value:
+            with open(_JSON_OUT.value, "w") as f:
+                json.dump(results, f, indent=2)
+        return
     for count in counts:
         state = _init(trainer, setup.train_config, runs[:count])
         row = _time_update(trainer, state)
@@ -294,6 +314,37 @@ def _breakdown(trainer, state, setup, update_ms: float) -> dict:
         reference=reference_ms,
         advantages=advantages_ms,
         ppo=max(0.0, update_ms - rollout_ms - reference_ms - advantages_ms),
+    )
+
+
+def _live_chunks_ab(setup, state) -> dict:
+    """The rollout playing every row against the config's live chunks, alternately."""
+    graphdef = policy_graphdef(setup.policy_config)
+    configs = {
+        "every_row": dataclasses.replace(setup.rollout_config, live_chunks=0),
+        "live_rows": dataclasses.replace(setup.rollout_config, live_chunks=_LIVE_CHUNKS.value),
+    }
+    rollouts = {
+        name: jax.jit(jax.vmap(make_rollout(setup.env, graphdef, config)))
+        for name, config in configs.items()
+    }
+    keys = _rollout_keys(state)
+    times = {name: [] for name in rollouts}
+    for rollout in rollouts.values():
+        trajectory = jax.block_until_ready(rollout(state.params, *keys))
+    for _ in range(_REPEATS.value):
+        for name, rollout in rollouts.items():
+            start = time.perf_counter()
+            jax.block_until_ready(rollout(state.params, *keys))
+            times[name].append(time.perf_counter() - start)
+    ratios = [a / b for a, b in zip(times["every_row"], times["live_rows"], strict=True)]
+    return dict(
+        live_chunks=setup.rollout_config.live_chunks,
+        every_row_ms=1e3 * statistics.median(times["every_row"]),
+        live_rows_ms=1e3 * statistics.median(times["live_rows"]),
+        speedup_median_of_pairs=statistics.median(ratios),
+        speedups=ratios,
+        alive_by_turn=np.asarray(jnp.mean(trajectory.turn_mask, axis=(0, 1))).tolist(),
     )
 
 

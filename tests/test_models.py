@@ -16,6 +16,7 @@ from rlagent.models import init_cache
 from rlagent.models import policy_log_probs
 from rlagent.models import sample_token
 from rlagent.models import visible_observations
+from rlagent.models.live_rows import live_map
 from rlagent.models.live_rows import live_row_sum
 from rlagent.models.live_rows import live_rows
 
@@ -124,6 +125,32 @@ def test_live_rows_equal_the_masked_pass(model):
     hidden = live_rows(rows, num_chunks=2)(params, x[0], valid[0], live[0])
     np.testing.assert_array_equal(hidden[~live[0]], 0.0)
     np.testing.assert_allclose(hidden[live[0]], rows(params, x[0], valid[0])[live[0]], atol=1e-6)
+
+
+def test_live_map_equals_the_masked_map():
+    """Live rows only (keys travel with their rows), zeros elsewhere; vmapped, a member's
+    parameters per chunk; one pass over every row when nearly all are live."""
+
+    def fn(weights, rows):
+        x, keys = rows
+        noise = jax.vmap(lambda key: jax.random.normal(key, (3,)))(keys)
+        return {"y": x @ weights + noise, "positive": x.sum(-1) > 0}
+
+    weights = jax.random.normal(jax.random.key(0), (3, 4, 3))
+    x = jax.random.normal(jax.random.key(1), (3, 10, 4))
+    keys = jax.random.split(jax.random.key(2), 30).reshape(3, 10)
+    live = jax.random.bernoulli(jax.random.key(3), 0.4, (3, 10)).at[2].set(True)
+
+    def want(live):
+        out = jax.vmap(fn)(weights, (x, keys))
+        mask = lambda a: jnp.where(live.reshape(3, 10, *[1] * (a.ndim - 2)), a, False)  # noqa: E731
+        return jax.tree.map(mask, out)
+
+    batched, alone = jax.jit(jax.vmap(live_map(fn, 4))), jax.jit(live_map(fn, 3))
+    for rows in (live, live.at[:2].set(True)):  # chunks; then 26 of 30 rows live
+        chex.assert_trees_all_close(batched(weights, (x, keys), rows), want(rows), atol=1e-6)
+        first = jax.tree.map(lambda a: a[0], want(rows))
+        chex.assert_trees_all_close(alone(weights[0], (x[0], keys[0]), rows[0]), first, atol=1e-6)
 
 
 def test_live_row_sum_equals_the_masked_sum(model):

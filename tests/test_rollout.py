@@ -1,5 +1,7 @@
 """Multi-turn rollout in ToolWorld and teacher-forced scoring (tiny policy, two configs)."""
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -168,6 +170,57 @@ def test_deterministic_per_key_and_compiled_once(case):
     # Rows 1 and 2 share an env key: same task, same first message.
     np.testing.assert_array_equal(other.obs_tokens[1, 0], other.obs_tokens[2, 0])
     assert len(case["traces"]) == 1  # new keys and parameters reuse the compiled program
+
+
+def test_live_chunks_play_the_same_episodes(case):
+    """Playing only the live rows (`live_chunks=8`) plays the episodes of every row's.
+
+    Also under `vmap` over two runs (their chunks packed into shared steps). Tokens,
+    masks and signals are equal; log-probs and values agree to float32 rounding (XLA CPU
+    picks its matmul kernel by the number of rows). Turns after an episode ended hold
+    PAD actions and an empty sampling mask instead of tokens played against the
+    absorbing state.
+    """
+    env, graphdef, dense_config = case["env"], case["graphdef"], case["config"]
+    assert dense_config.live_chunks == 0  # the default: every row.
+    config = dataclasses.replace(dense_config, live_chunks=8)
+    dense = jax.jit(make_rollout(env, graphdef, dense_config))
+    _assert_same_episodes(jax.jit(make_rollout(env, graphdef, config))(
+        case["params"], case["env_keys"], case["policy_keys"]), case["traj"])  # fmt: skip
+    params = [case["params"], jax.tree.map(lambda p: 1.02 * p, case["params"])]
+    env_keys = [case["env_keys"], jax.random.split(jax.random.key(5), BATCH)]
+    policy_keys = [case["policy_keys"], jax.random.split(jax.random.key(6), BATCH)]
+    want = [dense(*args) for args in zip(params, env_keys, policy_keys, strict=True)]
+    stack = lambda trees: jax.tree.map(lambda *x: jnp.stack(x), *trees)  # noqa: E731
+    got = jax.jit(jax.vmap(make_rollout(env, graphdef, config)))(
+        stack(params), stack(env_keys), stack(policy_keys)
+    )
+    _assert_same_episodes(got, stack(want))
+    ended = ~np.asarray(got.turn_mask)
+    assert (np.asarray(got.action_tokens)[ended] == dsl.PAD).all()
+    if got.sampling_mask is not None:
+        assert not np.asarray(got.sampling_mask)[ended].any()
+
+
+def _assert_same_episodes(got, want):
+    """Equal where turns were played (floats to 1e-5), whatever ended episodes hold."""
+    ended = ~np.asarray(want.turn_mask)
+
+    def played(traj):
+        traj = jax.tree.map(np.asarray, traj)
+        mask = traj.sampling_mask
+        if mask is not None:
+            mask = np.where(ended[..., None, None], False, mask)
+        action = np.where(ended[..., None], dsl.PAD, traj.action_tokens)
+        return traj._replace(action_tokens=action, sampling_mask=mask)
+
+    got, want = played(got), played(want)
+    floats = ("logp", "values", "bootstrap_value")
+    chex.assert_trees_all_equal(
+        got._replace(**dict.fromkeys(floats)), want._replace(**dict.fromkeys(floats))
+    )
+    for name in floats:
+        np.testing.assert_allclose(getattr(got, name), getattr(want, name), atol=1e-5, err_msg=name)
 
 
 def test_bootstrap_only_when_truncated(case):

@@ -21,6 +21,11 @@ vmap rule (`jax.custom_batching.custom_vmap`) that packs chunks across the membe
 own member's parameters, so the R members of a vmap take ceil(sum of chunks / R) steps
 instead of the largest member's count (runs with live fractions 0.2-0.7 train side by
 side in the main experiment); the sums are each member's own, up to float reassociation.
+
+`live_map(fn, num_chunks)` is the forward-only map of the rollout (a turn's policy
+calls on the episodes still playing): the same chunks and the same packing of
+(member, chunk) pairs under `vmap`, each live row's result written back to its place,
+and one pass over every row when nearly all are live (a rollout's first turn).
 """
 
 from __future__ import annotations
@@ -215,6 +220,117 @@ def live_row_sum(
     return apply
 
 
+def live_map(
+    fn: Callable[[Any, Any], Any], num_chunks: int
+) -> Callable[[Any, Any, jax.Array], Any]:
+    """Wraps `fn(params, x) -> y` (rows independent) to run it on live rows only.
+
+    `x` and `y` are pytrees of `[n, ...]` arrays (`x` may hold typed PRNG keys). Returns
+    `apply(params, x, live) -> y`: `fn`'s rows where `live [N]`, zeros elsewhere, from a
+    `lax.while_loop` over the chunks of live rows (sorted first). Not differentiable (the
+    rollout's sampling). Under `vmap` (runs side by side) its rule deals the (member,
+    chunk) pairs holding live rows R per step, each chunk run with its own member's
+    `params`: ceil(sum of chunks / R) steps. When more than 3/4 of the rows are live
+    (all members together) a `lax.cond` runs every row in one pass instead (as `fn`
+    alone would; its numbers then equal `fn`'s bit for bit), so `fn` is compiled twice.
+    A row's result does not depend on the rows it shares a chunk with when `fn`'s rows
+    are independent, up to float rounding (XLA CPU picks its matmul kernel by the
+    number of rows).
+    """
+
+    @jax.custom_batching.custom_vmap
+    def apply(params, x, live):
+        chex.assert_rank(live, 1)
+        order, count, chunk = _plan(live, num_chunks)
+        index, target = _map_plan(live, order, chunk * num_chunks)
+        shape = jax.eval_shape(fn, params, jax.tree.map(lambda a: a[:chunk], x))
+        out = _zeros(shape, live.shape[0])
+
+        def body(carry):
+            i, out = carry
+            rows = jax.lax.dynamic_slice_in_dim(index, i * chunk, chunk)
+            result = fn(params, jax.tree.map(lambda a: a[rows], x))
+            to = jax.lax.dynamic_slice_in_dim(target, i * chunk, chunk)
+            out = jax.tree.map(lambda o, r: o.at[to].set(r, mode="drop"), out, result)
+            return i + 1, out
+
+        def chunks(out):
+            return jax.lax.while_loop(lambda c: c[0] < count, body, (jnp.int32(0), out))[1]
+
+        def every_row(out):
+            return jax.tree.map(lambda r: _mask(r, live), fn(params, x))
+
+        return jax.lax.cond(_mostly_live(live), every_row, chunks, out)
+
+    @apply.def_vmap
+    def apply_batched(axis_size, in_batched, params, x, live):
+        params, x, live = jax.tree.map(
+            lambda a, batched: a if batched else jnp.broadcast_to(a, (axis_size, *a.shape)),
+            (params, x, live),
+            tuple(in_batched),
+        )
+        out = _live_map_batched(fn, num_chunks, params, x, live)
+        return out, jax.tree.map(lambda _: True, out)
+
+    return apply
+
+
+def _live_map_batched(fn: Callable, num_chunks: int, params: Any, x: Any, live: jax.Array):
+    """`live_map` of R members at once (leading axis R): every step runs R chunks of any
+    members, listed member by member, each with its own member's `params` (as in
+    `live_row_sum`'s rule)."""
+    chex.assert_rank(live, 2)
+    axis_size = live.shape[0]
+    order, counts = jax.vmap(lambda live: _plan(live, num_chunks)[:2])(live)
+    chunk = _chunk_size(live.shape[1], num_chunks)
+    index, target = jax.vmap(lambda *a: _map_plan(*a, chunk * num_chunks))(live, order)
+    first = jax.tree.map(lambda a: a[0], params), jax.tree.map(lambda a: a[0, :chunk], x)
+    out = _zeros(jax.eval_shape(fn, *first), live.shape[1])
+    out = jax.tree.map(lambda a: jnp.zeros((axis_size, *a.shape), a.dtype), out)
+    ends = jnp.cumsum(counts)
+    members = jnp.arange(axis_size)
+
+    def body(carry):
+        i, out = carry
+        pair = i * axis_size + members  # the (member, chunk) pairs of this step
+        valid = pair < ends[-1]
+        member = jnp.minimum(jnp.searchsorted(ends, pair, side="right"), axis_size - 1)
+        start = jnp.where(valid, pair - ends[member] + counts[member], 0) * chunk
+        slots = (member[:, None], start[:, None] + jnp.arange(chunk))
+        rows = (member[:, None], index[slots])
+        result = jax.vmap(fn)(
+            jax.tree.map(lambda p: p[member], params), jax.tree.map(lambda a: a[rows], x)
+        )
+        # Lanes past the last pair, like dead rows, write nowhere (out of range).
+        to = (member[:, None], jnp.where(valid[:, None], target[slots], live.shape[1]))
+        out = jax.tree.map(lambda o, r: o.at[to].set(r, mode="drop"), out, result)
+        return i + 1, out
+
+    def chunks(out):
+        steps = (ends[-1] + axis_size - 1) // axis_size
+        return jax.lax.while_loop(lambda c: c[0] < steps, body, (jnp.int32(0), out))[1]
+
+    def every_row(out):
+        return jax.tree.map(lambda r: jax.vmap(_mask)(r, live), jax.vmap(fn)(params, x))
+
+    return jax.lax.cond(_mostly_live(live), every_row, chunks, out)
+
+
+def _mostly_live(live: jax.Array) -> jax.Array:
+    """Whether `live_map` runs every row in one pass: its chunks would run nearly all
+    rows anyway, in more steps (the first turn of a rollout, where all rows are live)."""
+    return jnp.sum(live, dtype=jnp.int32) * 4 > live.size * 3
+
+
+def _map_plan(live: jax.Array, order: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
+    """`live_map`'s slots: the row each of `size` slots reads (live rows first, then the
+    others, then row 0 again) and the row it writes (out of range unless live)."""
+    rows = live.shape[0]
+    index = jnp.pad(order, (0, size - rows))
+    keep = jnp.pad(live[order], (0, size - rows))
+    return index, jnp.where(keep, index, rows)
+
+
 def _plan(live: jax.Array, num_chunks: int) -> tuple[jax.Array, jax.Array, int]:
     """(row order with live rows first, number of chunks to run, static chunk size)."""
     chunk = _chunk_size(live.shape[0], num_chunks)
@@ -237,6 +353,11 @@ def _pack(tree: Any, order: jax.Array, size: int) -> Any:
     return jax.tree.map(pack, tree)
 
 
+def _zeros(shapes: Any, size: int) -> Any:
+    """Zeros of `size` rows for a pytree of `jax.ShapeDtypeStruct` of chunk rows."""
+    return jax.tree.map(lambda a: jnp.zeros((size, *a.shape[1:]), a.dtype), shapes)
+
+
 def _unsort(tree: Any, order: jax.Array) -> Any:
     """`_pack`'s inverse: the first rows of every leaf, back in their original places."""
     inverse = jnp.argsort(order)
@@ -248,7 +369,7 @@ def _unpack(packed: jax.Array, order: jax.Array, live: jax.Array) -> jax.Array:
 
 
 def _mask(x: jax.Array, live: jax.Array) -> jax.Array:
-    return jnp.where(live.reshape(-1, *([1] * (x.ndim - 1))), x, 0)
+    return jnp.where(live.reshape(-1, *([1] * (x.ndim - 1))), x, jnp.zeros((), x.dtype))
 
 
 def _rows(tree: Any, start: jax.Array | int, size: int) -> Any:
