@@ -55,6 +55,7 @@ from absl import flags
 from flax import nnx
 
 from experiments import bench_peers_tunix
+from experiments import launch
 from rlagent.envs.prompts import PromptConfig
 from rlagent.envs.prompts import PromptEnv
 from rlagent.envs.prompts.env import END
@@ -85,12 +86,9 @@ _TRL_CHECKPOINTING = flags.DEFINE_bool(
     "TRL's GRPOConfig default (True) recomputes activations in the backward pass; rlagent "
     "does not, so it is off for equal work unless set.",
 )
-_CACHE_DIR = flags.DEFINE_string(
-    "compilation_cache_dir",
-    None,
-    "JAX's persistent compilation cache folder (default: none, so that compile times are "
-    "measured).",
-)
+# Shared with the launchers (one definition per process); unset, this bench uses no
+# persistent cache, so that compile times are measured.
+_CACHE_DIR = launch.define_cache_flag()
 _TUNIX_PATH = flags.DEFINE_string(
     "tunix_path", "/tmp/tunix_pkg", "A folder holding tunix and its --no-deps dependencies."
 )
