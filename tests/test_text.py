@@ -15,6 +15,7 @@ import pytest
 from flax import nnx
 
 pytest.importorskip("transformers")
+pytest.importorskip("jinja2")  # apply_chat_template renders with it
 from tokenizers import Tokenizer  # noqa: E402
 from tokenizers import decoders  # noqa: E402
 from tokenizers import models  # noqa: E402
