@@ -233,20 +233,13 @@ class RlagentSide:
 
     def summary(self, name: str) -> dict:
         skip = _WARMUP.value
-        update = statistics.median(self.update_s[skip:])
-        sampling = statistics.median(self.sampling_s[skip:])
         slots = self.config.batch_size * self.env.turn_len * self.env.max_turns
-        out = {
-            f"{name}_update_ms": 1e3 * update,
-            f"{name}_sampling_ms": 1e3 * sampling,
-            f"{name}_update_rest_ms": 1e3 * (update - sampling),
-            f"{name}_warmup_s": sum(self.update_s[:skip]) + sum(self.sampling_s[:skip]),
-            f"{name}_update_ms_all": [1e3 * t for t in self.update_s],
-            f"{name}_token_slots": slots,
-            f"{name}_generated_tokens": statistics.median(self.tokens[skip:]),
-            f"{name}_tokens_per_sec": slots / update,
-            f"{name}_generated_tokens_per_sec": statistics.median(self.tokens[skip:]) / update,
-        }
+        out = bench_peers_tunix.timings(name, self.update_s, self.sampling_s, self.tokens,
+                                        skip=skip, slots=slots)  # fmt: skip
+        update = statistics.median(self.update_s[skip:])
+        # The sampling calls are extra here (a rollout after each update): warm-up has both.
+        out[f"{name}_warmup_s"] += sum(self.sampling_s[:skip])
+        out[f"{name}_generated_tokens_per_sec"] = out[f"{name}_generated_tokens"] / update
         if self.env.max_turns > 1:
             out[f"{name}_env_turns_per_sec"] = statistics.median(self.turns[skip:]) / update
         return out
@@ -275,23 +268,12 @@ class TRLSide:
         start = time.perf_counter()
         trainer.train()
         total = time.perf_counter() - start
-        skip = _WARMUP.value
-        step = statistics.median(self.step_s[skip:])
-        sampling = statistics.median(self.sampling_s[skip:])
         slots = _PROMPTS.value * _GROUP.value * _NEW_TOKENS.value
-        return {
-            "trl_update_ms": 1e3 * step,
-            "trl_sampling_ms": 1e3 * sampling,
-            "trl_update_rest_ms": 1e3 * (step - sampling),
-            "trl_warmup_s": sum(self.step_s[:skip]),
-            "trl_update_ms_all": [1e3 * t for t in self.step_s],
-            "trl_token_slots": slots,
-            "trl_generated_tokens": statistics.median(self.tokens[skip:]),
-            "trl_tokens_per_sec": slots / step,
-            "trl_generated_tokens_per_sec": statistics.median(self.tokens[skip:]) / step,
-            "trl_train_call_s": total,
-            "trl_torch_threads": torch.get_num_threads(),
-        }
+        out = bench_peers_tunix.timings("trl", self.step_s, self.sampling_s, self.tokens,
+                                        skip=_WARMUP.value, slots=slots)  # fmt: skip
+        step = statistics.median(self.step_s[_WARMUP.value :])
+        out["trl_generated_tokens_per_sec"] = out["trl_generated_tokens"] / step
+        return {**out, "trl_train_call_s": total, "trl_torch_threads": torch.get_num_threads()}
 
     def _reward(self, prompts, completions, completion_ids, **kwargs) -> list[float]:
         """PromptEnv's reward on token ids: the fraction of the N slots equal to the target."""

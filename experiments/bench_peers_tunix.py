@@ -103,20 +103,27 @@ class _StepTimer:
             yield {"prompts": np.array(prompts[start : start + per_batch])}
 
     def summary(self, side: dict) -> dict:
-        skip = side["warmup"]
-        step = statistics.median(self.step_s[skip:])
-        sampling = statistics.median(self.sampling_s[skip:])
         slots = side["prompts"] * side["group_size"] * side["new_tokens"]
-        return {
-            "tunix_update_ms": 1e3 * step,
-            "tunix_sampling_ms": 1e3 * sampling,
-            "tunix_update_rest_ms": 1e3 * (step - sampling),
-            "tunix_warmup_s": sum(self.step_s[:skip]),
-            "tunix_update_ms_all": [1e3 * t for t in self.step_s],
-            "tunix_token_slots": slots,
-            "tunix_generated_tokens": statistics.median(self.tokens[skip:]),
-            "tunix_tokens_per_sec": slots / step,
-        }
+        return timings("tunix", self.step_s, self.sampling_s, self.tokens,
+                       skip=side["warmup"], slots=slots)  # fmt: skip
+
+
+def timings(name, step_s, sampling_s, tokens, *, skip: int, slots: int) -> dict:
+    """The keys every side of the bench reports, `<name>_...`, from per-step seconds (the
+    first `skip` are warm-up), sampling seconds and generated tokens: medians of the
+    timed steps, tokens per second over the `slots` completion token slots."""
+    step = statistics.median(step_s[skip:])
+    sampling = statistics.median(sampling_s[skip:])
+    return {
+        f"{name}_update_ms": 1e3 * step,
+        f"{name}_sampling_ms": 1e3 * sampling,
+        f"{name}_update_rest_ms": 1e3 * (step - sampling),
+        f"{name}_warmup_s": sum(step_s[:skip]),
+        f"{name}_update_ms_all": [1e3 * t for t in step_s],
+        f"{name}_token_slots": slots,
+        f"{name}_generated_tokens": statistics.median(tokens[skip:]),
+        f"{name}_tokens_per_sec": slots / step,
+    }
 
 
 class WordTokenizer:
