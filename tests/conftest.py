@@ -24,6 +24,8 @@ import tempfile
 import jax
 import pytest
 
+from rlagent.host import compile_cache
+
 _CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 _OWNED = "RLAGENT_TEST_OWNS_JAX_CACHE"  # set by the process that made the folder.
 _FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": "false"}
@@ -42,11 +44,7 @@ def pytest_configure(config):
         os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix="rlagent-jax-cache-")
         os.environ[_OWNED] = str(os.getpid())
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
-    jax.config.update("jax_compilation_cache_dir", os.environ[_CACHE_ENV])
-    jax.config.update(
-        "jax_persistent_cache_min_compile_time_secs",
-        float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]),
-    )
+    compile_cache.enable_compilation_cache(os.environ[_CACHE_ENV])  # as the launchers do
 
 
 def pytest_unconfigure(config):

@@ -68,6 +68,7 @@ def enable_compilation_cache(folder: str | None = None) -> str | None:
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", folder)
     for option, (env, value) in THRESHOLDS.items():
-        if env not in os.environ:  # jax read the environment's value at import.
-            jax.config.update(option, value)
+        # The environment's value wins; it is set here too, since jax reads its variables
+        # at import only (a process may set them after importing jax).
+        jax.config.update(option, type(value)(os.environ.get(env, value)))
     return folder
