@@ -174,14 +174,10 @@ def live_row_sum(
         )
         zeros = jax.vmap(lambda params, packed: zero_sums(params, packed, chunk))(params, packed)
         ends = jnp.cumsum(counts)
-        members = jnp.arange(axis_size)
 
         def body(carry):
             i, value, stats, grad_params, grad_x = carry
-            pair = i * axis_size + members  # the (member, chunk) pairs of this step
-            valid = pair < ends[-1]
-            member = jnp.minimum(jnp.searchsorted(ends, pair, side="right"), axis_size - 1)
-            start = jnp.where(valid, pair - ends[member] + counts[member], 0) * chunk
+            member, start, valid = _deal(i, counts, ends, chunk)
             index = (member[:, None], start[:, None] + jnp.arange(chunk))
             rows, aux, live = jax.tree.map(lambda a: a[index], packed)
             member_params = jax.tree.map(lambda p: p[member], params)
@@ -288,14 +284,10 @@ def _live_map_batched(fn: Callable, num_chunks: int, params: Any, x: Any, live: 
     out = _zeros(jax.eval_shape(fn, *first), live.shape[1])
     out = jax.tree.map(lambda a: jnp.zeros((axis_size, *a.shape), a.dtype), out)
     ends = jnp.cumsum(counts)
-    members = jnp.arange(axis_size)
 
     def body(carry):
         i, out = carry
-        pair = i * axis_size + members  # the (member, chunk) pairs of this step
-        valid = pair < ends[-1]
-        member = jnp.minimum(jnp.searchsorted(ends, pair, side="right"), axis_size - 1)
-        start = jnp.where(valid, pair - ends[member] + counts[member], 0) * chunk
+        member, start, valid = _deal(i, counts, ends, chunk)
         slots = (member[:, None], start[:, None] + jnp.arange(chunk))
         rows = (member[:, None], index[slots])
         result = jax.vmap(fn)(
@@ -314,6 +306,19 @@ def _live_map_batched(fn: Callable, num_chunks: int, params: Any, x: Any, live: 
         return jax.tree.map(lambda r: jax.vmap(_mask)(r, live), jax.vmap(fn)(params, x))
 
     return jax.lax.cond(_mostly_live(live), every_row, chunks, out)
+
+
+def _deal(step, counts: jax.Array, ends: jax.Array, chunk: int):
+    """Step `step` of dealing the (member, chunk) pairs that hold live rows, R at a time
+    (R members; listed member by member, `counts [R]` chunks each, `ends` their cumsum):
+    each lane's `member`, the first packed row of its chunk (`start`), and `valid` (False
+    past the last pair; such lanes read member R - 1's row 0)."""
+    axis_size = counts.shape[0]
+    pair = step * axis_size + jnp.arange(axis_size)
+    valid = pair < ends[-1]
+    member = jnp.minimum(jnp.searchsorted(ends, pair, side="right"), axis_size - 1)
+    start = jnp.where(valid, pair - ends[member] + counts[member], 0) * chunk
+    return member, start, valid
 
 
 def _mostly_live(live: jax.Array) -> jax.Array:
