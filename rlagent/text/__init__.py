@@ -13,3 +13,5 @@ from rlagent.text.loop import TextLoop
 from rlagent.text.loop import fork
 from rlagent.text.loop import make_text_loop
 from rlagent.text.loop import to_trajectory
+from rlagent.text.toolworld import ToolWorldText
+from rlagent.text.toolworld import make_toolworld_text
