@@ -7,6 +7,7 @@ policy is tests/test_envs_reference.py's.
 """
 
 import copy
+import dataclasses
 import functools
 import json
 import random
@@ -15,10 +16,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 pytest.importorskip("transformers")
 pytest.importorskip("jinja2")
 from test_envs_reference import _mixed_action  # noqa: E402
+from test_text import _tokenizer  # noqa: E402
 
 from rlagent.envs.toolworld import Command  # noqa: E402
 from rlagent.envs.toolworld import StepType  # noqa: E402
@@ -26,10 +29,17 @@ from rlagent.envs.toolworld import ToolWorld  # noqa: E402
 from rlagent.envs.toolworld import ToolWorldConfig  # noqa: E402
 from rlagent.envs.toolworld import dsl  # noqa: E402
 from rlagent.envs.toolworld import oracle_policy  # noqa: E402
+from rlagent.models import Policy  # noqa: E402
+from rlagent.models import PolicyConfig  # noqa: E402
+from rlagent.models.sampler import Generation  # noqa: E402
+from rlagent.text import TextConfig  # noqa: E402
 from rlagent.text import ToolWorldText  # noqa: E402
+from rlagent.text import make_chat  # noqa: E402
+from rlagent.text import make_text_loop  # noqa: E402
 from rlagent.text import make_toolworld_text  # noqa: E402
 from rlagent.text.toolworld import parse_turn  # noqa: E402
 from rlagent.text.toolworld import tool_call_text  # noqa: E402
+from rlagent.train.ppo import episode_metrics  # noqa: E402
 
 CONFIGS = {
     "level1": ToolWorldConfig(level=1),
@@ -38,6 +48,8 @@ CONFIGS = {
     "level4_penalise": ToolWorldConfig(level=4, guardrail="penalise"),
     "level4_dialogue_legacy": ToolWorldConfig(level=4, scenario="dialogue", verdict="legacy"),
 }
+# The system prompt with the 11 tools' schemas is ~3.6k tokens of the tiny tokenizer.
+LOOP_CONFIG = TextConfig(max_new_tokens=12, obs_len=3712, max_prompt_len=4096)
 SEEDS = 16  # even seeds: the oracle only; odd seeds: the mixed policy.
 _LOOKUP_1 = '{"name": "lookup_order", "arguments": {"order_id": 1}}'
 # (text, a part of the error the tool reports; None: any).
@@ -172,6 +184,8 @@ def test_text_turns_play_as_the_jax_toolworld_plays_their_dsl_actions(name):
     np.testing.assert_array_equal(lengths[oracle_episodes], shortest[oracle_episodes])
     assert (signals["malformed"][~oracle_episodes] == 1).any()
     assert (signals["verdict"][~oracle_episodes] < 0).any()
+    if config.level == 4 and config.scenario == "agent":  # every tool, and malformed turns.
+        assert set(commands[played].tolist()) == set(Command)
 
 
 @pytest.mark.parametrize("text,error", MALFORMED, ids=range(len(MALFORMED)))
@@ -288,3 +302,77 @@ def test_refusals():
     env.step(tool_call_text(Command.BYE))
     with pytest.raises(RuntimeError, match="after the episode ended"):
         env.step("hello")
+
+
+@pytest.fixture(scope="module")
+def loop():
+    chat = make_chat(_tokenizer(), tools=make_toolworld_text(level=1).tools)
+    policy_config = PolicyConfig(
+        vocab_size=304, pad_id=chat.pad_id, d_model=32, num_layers=1, num_heads=2,
+        num_kv_heads=1, mlp_dim=64, summary_dim=8, num_summary_slots=0,
+    )  # fmt: skip
+    graphdef, params = nnx.split(Policy(policy_config, rngs=nnx.Rngs(0)))
+    return make_text_loop(chat, graphdef, policy_config, LOOP_CONFIG), params
+
+
+def test_the_text_loop_plays_toolworld_with_a_random_policy(loop):
+    loop, params = loop
+    chat = loop.chat
+    episodes = [loop.start(make_toolworld_text(level=1), seed) for seed in range(2)]
+    loop.play(params, episodes, jax.random.split(jax.random.key(0), 2))
+    traj = loop.trajectory(episodes)
+    env = episodes[0].env
+    assert set(traj.signals) == set(env.signal_names) and traj.turn_mask.shape == (2, 4)
+    # A random policy writes no tool call: every turn is malformed, spent as ToolWorld
+    # spends a MALFORMED turn (verdict -1; past the 2-turn shortest plan, efficiency -1).
+    assert np.asarray(traj.turn_mask).all() and not np.asarray(traj.done).any()
+    np.testing.assert_array_equal(traj.signals["malformed"], np.ones((2, 4)))
+    np.testing.assert_array_equal(traj.signals["verdict"], -np.ones((2, 4)))
+    np.testing.assert_array_equal(traj.signals["efficiency"], [[0, 0, -1, -1]] * 2)
+    mask = np.asarray(traj.loss_mask)
+    logp = np.asarray(traj.logp)
+    assert np.isfinite(logp[mask]).all() and (logp[mask] < 0).all() and (logp[~mask] == 0).all()
+    for episode in episodes:
+        tokens, loss_mask = np.asarray(episode.tokens), np.asarray(episode.loss_mask)
+        assistant = np.zeros(len(tokens), bool)
+        for span in episode.spans:
+            assistant[span.start : span.stop] = span.role == "assistant"
+        np.testing.assert_array_equal(loss_mask, assistant)
+        assert tokens[loss_mask].tolist() == sum((t.action for t in episode.turns), [])
+        for turn in episode.turns[1:]:
+            assert '<|im_start|>tool\n{"error": "malformed turn: ' in chat.decode(turn.obs)
+    metrics = episode_metrics(env, traj)
+    assert float(metrics["malformed_rate"]) == 1.0 and float(metrics["process_score"]) == -1.0
+    assert float(metrics["success"]) == 0.0
+
+
+def _oracle_sampler(chat, episodes, length):
+    """A sampler that writes the ToolWorld oracle's call (then END) for every live episode."""
+
+    def sample(params, prompts, valid, keys):
+        tokens = np.full((len(keys), length), chat.pad_id, np.int32)
+        mask = np.zeros(tokens.shape, bool)
+        for row, episode in enumerate(episodes):
+            if not episode.over:
+                world, state = episode.env.world, episode.env.state
+                text = tool_call_text(*world.parse(world.oracle(state)))
+                ids = chat.tokenizer.encode(text, add_special_tokens=False) + [chat.end_id]
+                tokens[row, : len(ids)], mask[row, : len(ids)] = ids, True
+        return Generation(tokens, np.where(mask, -0.5, 0.0).astype(np.float32), mask)
+
+    return sample
+
+
+def test_the_oracle_calls_written_as_text_solve_episodes_in_the_loop(loop):
+    loop, _ = loop
+    config = dataclasses.replace(LOOP_CONFIG, max_new_tokens=128)
+    episodes = [loop.start(make_toolworld_text(level=2), seed) for seed in range(2)]
+    scripted = loop._replace(config=config, sample=_oracle_sampler(loop.chat, episodes, 128))
+    scripted.play(None, episodes, jax.random.split(jax.random.key(0), 2))
+    traj = scripted.trajectory(episodes)
+    np.testing.assert_array_equal(traj.turn_mask, [[1, 1, 1, 0, 0]] * 2)  # the shortest plan.
+    np.testing.assert_array_equal(traj.success, traj.done)
+    assert np.asarray(traj.episode_success).all()
+    np.testing.assert_array_equal(traj.signals["verdict"], traj.turn_mask)
+    assert not np.asarray(traj.signals["malformed"]).any()
+    assert '"status": ' in loop.chat.decode(episodes[0].turns[1].obs)  # the lookup's result.
