@@ -222,7 +222,7 @@ def make_toolworld_text(level: int = 1, **config: Any) -> ToolWorldText:
 def tool_schemas(config: ToolWorldConfig) -> tuple[dict, ...]:
     """The tools' JSON schemas (OpenAI function format, as `apply_chat_template` takes
     them), with the id ranges of the config's world."""
-    sizes = {"ORDER": config.num_orders, "ITEM": config.num_items, "ADDR": config.num_addresses}
+    sizes = _class_sizes(config)
     tools = []
     for command, (name, description) in TOOL_SPECS.items():
         properties = {}
@@ -288,7 +288,7 @@ def parse_turn(text: str, config: ToolWorldConfig) -> ParsedTurn:
 
 def _command(command: Command, arguments: dict, config: ToolWorldConfig) -> ParsedTurn:
     """The command with its arguments checked against the tool's schema."""
-    sizes = {"ORDER": config.num_orders, "ITEM": config.num_items, "ADDR": config.num_addresses}
+    sizes = _class_sizes(config)
     classes = _argument_classes(command)
     names = [_ARGUMENT_NAMES[slot] for slot in classes]
     name = TOOL_SPECS[command][0]
@@ -312,6 +312,11 @@ def _command(command: Command, arguments: dict, config: ToolWorldConfig) -> Pars
             values.append(value)
     values += [0, 0]
     return ParsedTurn(command, values[0], values[1], None)
+
+
+def _class_sizes(config: ToolWorldConfig) -> dict[str, int]:
+    """The ids of each id class in the config's world."""
+    return {"ORDER": config.num_orders, "ITEM": config.num_items, "ADDR": config.num_addresses}
 
 
 def _argument_classes(command: Command) -> list[str]:
