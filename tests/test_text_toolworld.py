@@ -41,10 +41,10 @@ from rlagent.text.toolworld import parse_turn  # noqa: E402
 from rlagent.text.toolworld import tool_call_text  # noqa: E402
 from rlagent.train.ppo import episode_metrics  # noqa: E402
 
+# Levels 1 and 4 bound the rest (level 4 plays every tool); each config compiles its own
+# reset and replay, so levels 2 and 3 are left to the oracle loop test and the JAX twin's.
 CONFIGS = {
     "level1": ToolWorldConfig(level=1),
-    "level2": ToolWorldConfig(level=2),
-    "level3": ToolWorldConfig(level=3),
     "level4_penalise": ToolWorldConfig(level=4, guardrail="penalise"),
     "level4_dialogue_legacy": ToolWorldConfig(level=4, scenario="dialogue", verdict="legacy"),
 }
