@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import sys
 from collections.abc import Iterable
 from collections.abc import Mapping
 from typing import TextIO
@@ -22,9 +23,7 @@ class MetricWriter:
         self.path = os.path.join(workdir, filename)
         self._tb = None
         if tensorboard:
-            from tensorboardX import SummaryWriter
-
-            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+            self._tb = _summary_writer(os.path.join(workdir, "tensorboard"))
 
     def read(self) -> list[dict[str, float]]:
         """The rows on disk; a last line cut short by a killed write is ignored."""
@@ -74,6 +73,26 @@ class MetricWriter:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+
+
+def _summary_writer(folder: str):
+    """tensorboardX's `SummaryWriter`, its module imported without torch.
+
+    tensorboardX imports torch at import time when it is installed, only so that it can
+    take torch tensors; the rows here are floats. That import costs about 4 s in every
+    process (every launcher, every test subprocess), so while tensorboardX loads, `import
+    torch` fails as if torch were absent (tensorboardX's own fallback); a process that
+    has already imported torch is left as it is.
+    """
+    block = "torch" not in sys.modules
+    if block:
+        sys.modules["torch"] = None  # `import torch` raises ImportError meanwhile.
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        if block:
+            del sys.modules["torch"]
+    return SummaryWriter(folder)
 
 
 def _write_csv(f: TextIO, rows: list[Mapping[str, float]], *, header: bool) -> None:
