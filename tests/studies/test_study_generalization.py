@@ -188,7 +188,7 @@ def _tiny(config):
     credit.policies, credit.estimators, credit.rewards = "prover_0.9", "gae_turn,grpo", "outcome"
     credit.num_groups, credit.group_size, credit.num_samples = 2, 2, 2
     sweep = config.estimators
-    sweep.conditions, sweep.estimators = "outcome,process", "grpo"
+    sweep.conditions, sweep.estimators = "process", "grpo"  # 2 runs each: one evaluate, init
     sweep.train.num_updates, sweep.chunk_size, sweep.eval.every = 2, 2, 2
     sweep.train.num_groups, sweep.train.group_size = 2, 4
     sweep.warm_start.steps, sweep.eval.episodes = 2, 4
