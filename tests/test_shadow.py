@@ -236,6 +236,21 @@ def test_dpo_records_load_and_replay_as_preference_pairs(played, tmp_path):
         shadow.dpo_records(scored[:5], env, judge="outcome", key=jax.random.key(0))
 
 
+def test_judge_scores_of_logged_episodes_by_hand():
+    turn = lambda violations: {"signals": {"violations": violations, "verdict": 1.0}}  # noqa: E731
+    records = [
+        {"success": True, "turns": [turn(0.0), turn(1.0), turn(1.0)]},
+        {"success": False, "turns": [turn(0.0)]},
+        {"success": True, "turns": [{"signals": {}}]},  # no rule layer: no violations
+    ]
+    np.testing.assert_array_equal(shadow.judge_scores(records, "outcome"), [1.0, 0.0, 1.0])
+    np.testing.assert_array_equal(shadow.judge_scores(records, "guardrail"), [-1.0, 0.0, 1.0])
+    assert shadow.accepted(records, judge="guardrail", threshold=0.0) == records[1:]
+    for judge in ("prm", "process", "vibes"):  # a PRM's scores, or no judge at all
+        with pytest.raises(ValueError, match=r"judge must be one of \['outcome', 'guardrail'\]"):
+            shadow.judge_scores(records, judge)
+
+
 def test_off_policy_estimate_hand_cases_and_unbiasedness():
     returns = np.array([1.0, 0.0, 1.0, 1.0])
     same = shadow.off_policy_estimate(np.zeros(4), returns)

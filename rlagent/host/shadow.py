@@ -64,7 +64,9 @@ from rlagent.pipeline.warm_start import given_demonstrations
 from rlagent.pipeline.warm_start import make_sft as warm_start_sft
 from rlagent.preference import pairs as pairing
 from rlagent.preference.data import PreferenceRecord
+from rlagent.preference.judges import JUDGES
 from rlagent.rollout import RolloutConfig
+from rlagent.train.rewards import COMPONENT_SIGNALS
 from rlagent.types import Trajectory
 
 FORMAT = "rlagent.shadow/1"
@@ -342,16 +344,23 @@ def to_trajectory(records: Sequence[Mapping[str, Any]], env: Environment, *, con
 
 
 def judge_scores(records: Sequence[Mapping[str, Any]], judge: str) -> np.ndarray:
-    """`[N]` scores of logged episodes: `outcome` (success 0/1) or `guardrail` (success
-    minus the number of turns that broke a rule, signal `violations`)."""
-    success = np.asarray([float(r["success"]) for r in records])
-    if judge == "outcome":
-        return success
-    if judge == "guardrail":
-        return success - np.asarray(
-            [sum(t["signals"].get("violations", 0.0) for t in r["turns"]) for r in records]
-        )
-    raise ValueError(f"judge must be 'outcome' or 'guardrail', got {judge!r}")
+    """`[N]` scores of logged episodes by a judge of `rlagent.preference.judges.JUDGES` that
+    reads signals alone (`outcome`, `guardrail`): its weighted components summed over the
+    turns, each component's signal (`rewards.COMPONENT_SIGNALS`) taken from the records;
+    the outcome is the episode's success."""
+    weights = JUDGES.get(judge)
+    if weights is None or any(COMPONENT_SIGNALS[name] is None for name in weights):
+        readable = [n for n, w in JUDGES.items() if all(COMPONENT_SIGNALS[c] for c in w)]
+        raise ValueError(f"judge must be one of {readable} on logged episodes, got {judge!r}")
+    scores = np.zeros(len(records))
+    for name, weight in weights.items():
+        if name == "outcome":
+            values = [float(r["success"]) for r in records]
+        else:
+            signal = COMPONENT_SIGNALS[name]
+            values = [sum(t["signals"].get(signal, 0.0) for t in r["turns"]) for r in records]
+        scores += weight * np.asarray(values, float)
+    return scores
 
 
 def accepted(
