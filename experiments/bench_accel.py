@@ -113,6 +113,7 @@ def main(argv):
     del argv
     if bench_train._CACHE_DIR.value is not None:
         compile_cache.enable_compilation_cache(bench_train._CACHE_DIR.value)
+    start = time.perf_counter()
     device = jax.devices()[0]
     results = {
         "device": str(device),
@@ -133,6 +134,7 @@ def main(argv):
     if "text" in _PARTS.value:
         results["text"] = text_update(_TINY.value)
         print("text:", json.dumps(_headline(results["text"])))
+    results["wall_s"] = time.perf_counter() - start
     results["provenance"] = provenance.finish(record)
     if bench_train._JSON_OUT.value:
         with open(bench_train._JSON_OUT.value, "w") as f:

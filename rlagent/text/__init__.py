@@ -13,3 +13,6 @@ from rlagent.text.loop import TextLoop
 from rlagent.text.loop import fork
 from rlagent.text.loop import make_text_loop
 from rlagent.text.loop import to_trajectory
+from rlagent.text.update import TextTrainState
+from rlagent.text.update import TextUpdate
+from rlagent.text.update import make_text_update
