@@ -84,23 +84,31 @@ SHARDED_SCRIPT = textwrap.dedent(
                                  turn_len=8, tokenizer_size=500, chat=chat)
     # "check": one on-policy step without KL, whose loss the test recomputes by hand.
     check = dataclasses.replace(config, num_epochs=1, num_minibatches=1, kl_coef=0.0)
-    runs = (("one", None, config), ("eight", sharding.fsdp_mesh(data=2), config),
-            ("check", None, check))
+    eight = sharding.fsdp_mesh(data=2)
+    roles = sharding.role_meshes(jax.devices()[:6], split=True)  # 3 meshes of 2 devices.
+    runs = (("one", None, None, config), ("eight", eight, eight, config),
+            ("roles", roles.policy, roles.reference, config), ("check", None, None, check))
     out = {{}}
-    for name, mesh, config in runs:
+    for name, mesh, ref_mesh, config in runs:
         build = lambda: Llama(policy, rngs=nnx.Rngs(0))
         if mesh is None:
             graphdef, params = nnx.split(build())
-            batch = trajectory
+            ref_params = jax.tree.map(lambda x: x.copy(), params)
+            batch = ref_batch = trajectory
         else:
             graphdef, params = sharding.init_sharded(build, mesh)
+            _, ref_params = sharding.init_sharded(build, ref_mesh)
             batch = sharding.shard_batch(trajectory, mesh)
-        ref_params = jax.tree.map(lambda x: x.copy(), params)
         score = make_text_score(chat, graphdef, policy, text)
         batch = batch._replace(logp=score(params, batch))
-        program = make_text_update(config, score, mesh=mesh)
+        program = make_text_update(config, score, mesh=mesh, reference_mesh=ref_mesh)
         state = program.init(params)
-        ref_logp = program.reference(ref_params, batch)
+        if mesh is not None:
+            ref_batch = sharding.shard_batch(batch, ref_mesh)
+        ref_logp = program.reference(ref_params, ref_batch)
+        ref_devices = sorted(d.id for d in ref_logp.sharding.device_set)
+        if mesh is not None:  # the reference's log-probs onto the policy's mesh.
+            ref_logp = sharding.shard_batch(ref_logp, mesh)
         state, metrics = program.update(state, batch, ref_logp)
         leaves = jax.tree.leaves(state.params)
         big = max(leaves, key=lambda x: x.size)
@@ -109,6 +117,7 @@ SHARDED_SCRIPT = textwrap.dedent(
             params=[np.asarray(x, np.float64).ravel().tolist() for x in leaves],
             big_spec=str(getattr(big.sharding, "spec", "one device")), big_shape=list(big.shape),
             big_devices=len(big.sharding.device_set),
+            param_devices=sorted(d.id for d in big.sharding.device_set), ref_devices=ref_devices,
             big_shard=list(big.addressable_shards[0].data.shape),
             opt_specs=sorted({{str(getattr(x.sharding, "spec", "one device"))
                                for x in jax.tree.leaves(state.opt_state) if x.ndim == 2}}),
@@ -129,17 +138,25 @@ def sharded_run():
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_sharded_text_update_matches_single_device(sharded_run):
-    one, eight = sharded_run["one"], sharded_run["eight"]
+@pytest.mark.parametrize("name", ["eight", "roles"])
+def test_sharded_text_update_matches_single_device(sharded_run, name):
+    """FSDP over a (2, 4) mesh, and the policy and reference on their own 2-device meshes."""
+    one, sharded = sharded_run["one"], sharded_run[name]
     for key, value in one["metrics"].items():
-        assert eight["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+        assert sharded["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
     assert one["metrics"]["grad_norm"] > 0 and one["metrics"]["kl_loss"] > 0  # it moved.
-    one_params, eight_params = (np.concatenate(run["params"]) for run in (one, eight))
+    one_params, sharded_params = (np.concatenate(run["params"]) for run in (one, sharded))
     # AdamW normalises each element's step, so an element whose gradient is at rounding
     # level may step differently (by up to the learning rate, 1e-3, per step); all others
     # agree to float32 rounding.
-    diff = np.abs(one_params - eight_params)
+    diff = np.abs(one_params - sharded_params)
     assert np.mean(diff > 1e-5) < 1e-3 and diff.max() < 4e-3, (np.mean(diff > 1e-5), diff.max())
+
+
+def test_roles_live_on_their_own_devices(sharded_run):
+    roles, eight = sharded_run["roles"], sharded_run["eight"]
+    assert roles["param_devices"] == [0, 1] and roles["ref_devices"] == [2, 3]
+    assert eight["param_devices"] == eight["ref_devices"] == list(range(8))
 
 
 def test_sharded_parameters_and_optimizer_state_are_split(sharded_run):
