@@ -81,8 +81,7 @@ _TEXT_TURN_LEN = flags.DEFINE_integer("text_turn_len", 256, "Generated tokens pe
 # (vendor datasheets, no sparsity), first match wins.
 PEAK_FLOPS = (
     ("h100", 989e12),  # SXM; the PCIe card is 756e12.
-    ("h200", 989e12),
-    ("gh200", 989e12),
+    ("h200", 989e12),  # and GH200.
     ("a100", 312e12),
     ("l4", 121e12),
     ("tpu v4", 275e12),

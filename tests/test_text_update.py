@@ -67,6 +67,7 @@ SHARDED_SCRIPT = textwrap.dedent(
     from flax import nnx
     from experiments.bench_accel import TINY_QWEN, text_trajectory
     from rlagent.models import sharding
+    from rlagent.models import Policy
     from rlagent.models.llama import Llama
     from rlagent.text.chat import ChatFormat
     from rlagent.text.loop import TextConfig
@@ -124,6 +125,13 @@ SHARDED_SCRIPT = textwrap.dedent(
             loss_mask=np.asarray(batch.loss_mask).tolist(),
             outcome=np.asarray(batch.signals["outcome"]).tolist(),
         )
+    # A critic trunk (Policy's value_head='separate') on the third role mesh.
+    separate = dataclasses.replace(policy, value_head="separate")
+    critic = nnx.split(Policy(separate, rngs=nnx.Rngs(0)))[1]["critic"]
+    big = max(jax.tree.leaves(sharding.shard_params(critic, roles.critic)), key=lambda x: x.size)
+    out["critic"] = dict(devices=sorted(d.id for d in big.sharding.device_set),
+                         spec=str(big.sharding.spec), shape=list(big.shape),
+                         shard=list(big.addressable_shards[0].data.shape))
     print(json.dumps(out))
     """
 )
@@ -157,6 +165,9 @@ def test_roles_live_on_their_own_devices(sharded_run):
     roles, eight = sharded_run["roles"], sharded_run["eight"]
     assert roles["param_devices"] == [0, 1] and roles["ref_devices"] == [2, 3]
     assert eight["param_devices"] == eight["ref_devices"] == list(range(8))
+    critic = sharded_run["critic"]  # its token embedding [512, 64], by rows over 2 devices.
+    assert critic["devices"] == [4, 5] and critic["spec"] == "P('fsdp', None)"
+    assert critic["shape"] == [512, 64] and critic["shard"] == [256, 64]
 
 
 def test_sharded_parameters_and_optimizer_state_are_split(sharded_run):

@@ -62,7 +62,7 @@ def fsdp_mesh(devices: Sequence[jax.Device] | None = None, *, data: int = 1) -> 
 def role_meshes(devices: Sequence[jax.Device] | None = None, *, split: bool = False) -> RoleMeshes:
     """Meshes of the policy, reference and critic: one shared mesh over `devices`, or with
     `split` three disjoint FSDP meshes over consecutive thirds of them (Tunix's per-role
-    meshes; the reference then scores while the policy trains)."""
+    meshes: the reference's forward runs on devices the policy's update does not use)."""
     devices = list(jax.devices() if devices is None else devices)
     if not split:
         mesh = fsdp_mesh(devices)
