@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -16,6 +18,7 @@ def _positive(part: dict, *keys: str) -> None:
         assert isinstance(value, int | float) and math.isfinite(value) and value > 0, (key, value)
 
 
+@pytest.mark.slow  # two trainers' compiles: 50-65 s on the shared 2-core CPU.
 def test_bench_accel_tiny_writes_its_measurements(tmp_path):
     out = tmp_path / "bench_accel.json"
     command = [sys.executable, "-m", "experiments.bench_accel", "--tiny", "--repeats=2",
