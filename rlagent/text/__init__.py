@@ -15,3 +15,6 @@ from rlagent.text.loop import make_text_loop
 from rlagent.text.loop import to_trajectory
 from rlagent.text.toolworld import ToolWorldText
 from rlagent.text.toolworld import make_toolworld_text
+from rlagent.text.update import TextTrainState
+from rlagent.text.update import TextUpdate
+from rlagent.text.update import make_text_update

@@ -1,0 +1,194 @@
+"""FSDP sharding (rlagent.models.sharding) and the text-mode GRPO update
+(rlagent.text.update): the sharding rule, and on 8 host devices the sharded update equal
+to the single-device one, with its parameters really split."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+from rlagent.models import sharding
+from rlagent.text.update import make_text_update
+from rlagent.train.config import TrainConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _mesh(fsdp: int, data: int = 1):
+    return jax.sharding.AbstractMesh((data, fsdp), (sharding.DATA, sharding.FSDP))
+
+
+def test_fsdp_spec_splits_the_largest_divisible_dimension():
+    mesh = _mesh(8)
+    P = jax.sharding.PartitionSpec
+    assert sharding.fsdp_spec((151936, 896), mesh) == P("fsdp", None)
+    assert sharding.fsdp_spec((896, 4864), mesh) == P(None, "fsdp")
+    # 14 * 64 = 896 divides; 900 does not, so the smaller divisible dimension is taken.
+    assert sharding.fsdp_spec((900, 128), mesh) == P(None, "fsdp")
+    assert sharding.fsdp_spec((64, 64), mesh) == P("fsdp", None)  # ties: the first.
+    assert sharding.fsdp_spec((896,), mesh) == P(None)  # small: replicated.
+    assert sharding.fsdp_spec((1001, 999), mesh) == P(None, None)  # nothing divides.
+    assert sharding.fsdp_spec((4096, 4096), _mesh(1, data=8)) == P(None, None)
+    assert sharding.fsdp_spec((64, 64), mesh, min_size=10**6) == P(None, None)
+
+
+def test_role_meshes_and_batch_rows_are_checked():
+    meshes = sharding.role_meshes()
+    assert meshes.policy is meshes.reference is meshes.critic
+    assert meshes.policy.axis_names == (sharding.DATA, sharding.FSDP)
+    with pytest.raises(ValueError, match="multiple of 3"):
+        sharding.role_meshes(jax.devices()[:1], split=True)
+    with pytest.raises(ValueError, match="does not divide"):
+        sharding.fsdp_mesh(jax.devices()[:1], data=2)
+
+
+@pytest.mark.parametrize(
+    "field,value", [("estimator", "gae_turn"), ("entropy_coef", 0.01), ("kl_target", 0.1)]
+)
+def test_text_update_refuses_what_a_text_batch_cannot_serve(field, value):
+    config = TrainConfig(**{**dict(estimator="grpo", entropy_coef=0.0), field: value})
+    with pytest.raises(ValueError, match=field):
+        make_text_update(config, lambda params, trajectory: None)
+
+
+SHARDED_SCRIPT = textwrap.dedent(
+    """
+    import os
+    flags = os.environ.get("XLA_FLAGS", "")  # the suite's (tests/conftest.py), and 8 devices:
+    os.environ["XLA_FLAGS"] = flags + " --xla_force_host_platform_device_count=8"
+    import dataclasses, json, sys
+    sys.path.insert(0, {root!r})
+    import jax, numpy as np
+    from flax import nnx
+    from experiments.bench_accel import TINY_QWEN, text_trajectory
+    from rlagent.models import sharding
+    from rlagent.models import Policy
+    from rlagent.models.llama import Llama
+    from rlagent.text.chat import ChatFormat
+    from rlagent.text.loop import TextConfig
+    from rlagent.text.score import make_text_score
+    from rlagent.text.update import make_text_update
+    from rlagent.train.config import TrainConfig
+    assert len(jax.devices()) == 8
+    policy = dataclasses.replace(TINY_QWEN, param_dtype="float32", dtype="float32")
+    chat = ChatFormat(None, end_id=1, pad_id=0, vocab_size=500)
+    text = TextConfig(max_new_tokens=8, obs_len=12)
+    config = TrainConfig(num_updates=1, num_groups=4, group_size=4, reward="outcome",
+                         estimator="grpo", num_epochs=2, num_minibatches=2, entropy_coef=0.0,
+                         kl_placement="loss", kl_coef=0.1, learning_rate=1e-3)
+    trajectory = text_trajectory(np.random.default_rng(1), batch=16, turns=2, obs_len=12,
+                                 turn_len=8, tokenizer_size=500, chat=chat)
+    # "check": one on-policy step without KL, whose loss the test recomputes by hand.
+    check = dataclasses.replace(config, num_epochs=1, num_minibatches=1, kl_coef=0.0)
+    eight = sharding.fsdp_mesh(data=2)
+    roles = sharding.role_meshes(jax.devices()[:6], split=True)  # 3 meshes of 2 devices.
+    runs = (("one", None, None, config), ("eight", eight, eight, config),
+            ("roles", roles.policy, roles.reference, config), ("check", None, None, check))
+    out = {{}}
+    for name, mesh, ref_mesh, config in runs:
+        build = lambda: Llama(policy, rngs=nnx.Rngs(0))
+        if mesh is None:
+            graphdef, params = nnx.split(build())
+            ref_params = jax.tree.map(lambda x: x.copy(), params)
+            batch = ref_batch = trajectory
+        else:
+            graphdef, params = sharding.init_sharded(build, mesh)
+            _, ref_params = sharding.init_sharded(build, ref_mesh)
+            batch = sharding.shard_batch(trajectory, mesh)
+        score = make_text_score(chat, graphdef, policy, text)
+        batch = batch._replace(logp=score(params, batch))
+        program = make_text_update(config, score, mesh=mesh, reference_mesh=ref_mesh)
+        state = program.init(params)
+        if mesh is not None:
+            ref_batch = sharding.shard_batch(batch, ref_mesh)
+        ref_logp = program.reference(ref_params, ref_batch)
+        ref_devices = sorted(d.id for d in ref_logp.sharding.device_set)
+        if mesh is not None:  # the reference's log-probs onto the policy's mesh.
+            ref_logp = sharding.shard_batch(ref_logp, mesh)
+        state, metrics = program.update(state, batch, ref_logp)
+        leaves = jax.tree.leaves(state.params)
+        big = max(leaves, key=lambda x: x.size)
+        out[name] = dict(
+            metrics={{k: float(v) for k, v in metrics.items()}},
+            params=[np.asarray(x, np.float64).ravel().tolist() for x in leaves],
+            big_spec=str(getattr(big.sharding, "spec", "one device")), big_shape=list(big.shape),
+            big_devices=len(big.sharding.device_set),
+            param_devices=sorted(d.id for d in big.sharding.device_set), ref_devices=ref_devices,
+            big_shard=list(big.addressable_shards[0].data.shape),
+            opt_specs=sorted({{str(getattr(x.sharding, "spec", "one device"))
+                               for x in jax.tree.leaves(state.opt_state) if x.ndim == 2}}),
+            loss_mask=np.asarray(batch.loss_mask).tolist(),
+            outcome=np.asarray(batch.signals["outcome"]).tolist(),
+        )
+    # A critic trunk (Policy's value_head='separate') on the third role mesh.
+    separate = dataclasses.replace(policy, value_head="separate")
+    critic = nnx.split(Policy(separate, rngs=nnx.Rngs(0)))[1]["critic"]
+    big = max(jax.tree.leaves(sharding.shard_params(critic, roles.critic)), key=lambda x: x.size)
+    out["critic"] = dict(devices=sorted(d.id for d in big.sharding.device_set),
+                         spec=str(big.sharding.spec), shape=list(big.shape),
+                         shard=list(big.addressable_shards[0].data.shape))
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def sharded_run():
+    script = SHARDED_SCRIPT.format(root=ROOT)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=600, cwd=ROOT)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", ["eight", "roles"])
+def test_sharded_text_update_matches_single_device(sharded_run, name):
+    """FSDP over a (2, 4) mesh, and the policy and reference on their own 2-device meshes."""
+    one, sharded = sharded_run["one"], sharded_run[name]
+    for key, value in one["metrics"].items():
+        assert sharded["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    assert one["metrics"]["grad_norm"] > 0 and one["metrics"]["kl_loss"] > 0  # it moved.
+    one_params, sharded_params = (np.concatenate(run["params"]) for run in (one, sharded))
+    # AdamW normalises each element's step, so an element whose gradient is at rounding
+    # level may step differently (by up to the learning rate, 1e-3, per step); all others
+    # agree to float32 rounding.
+    diff = np.abs(one_params - sharded_params)
+    assert np.mean(diff > 1e-5) < 1e-3 and diff.max() < 4e-3, (np.mean(diff > 1e-5), diff.max())
+
+
+def test_roles_live_on_their_own_devices(sharded_run):
+    roles, eight = sharded_run["roles"], sharded_run["eight"]
+    assert roles["param_devices"] == [0, 1] and roles["ref_devices"] == [2, 3]
+    assert eight["param_devices"] == eight["ref_devices"] == list(range(8))
+    critic = sharded_run["critic"]  # its token embedding [512, 64], by rows over 2 devices.
+    assert critic["devices"] == [4, 5] and critic["spec"] == "P('fsdp', None)"
+    assert critic["shape"] == [512, 64] and critic["shard"] == [256, 64]
+
+
+def test_sharded_parameters_and_optimizer_state_are_split(sharded_run):
+    one, eight = sharded_run["one"], sharded_run["eight"]
+    assert one["big_devices"] == 1 and "fsdp" not in one["big_spec"]
+    # The tied embedding [512, 64]: rows over the 4-way fsdp axis, replicated over data.
+    assert eight["big_shape"] == [512, 64] and eight["big_spec"] == "P('fsdp', None)"
+    assert eight["big_devices"] == 8 and eight["big_shard"] == [128, 64]
+    assert all("fsdp" in spec for spec in eight["opt_specs"]), eight["opt_specs"]
+
+
+def test_text_update_loss_is_grpo_on_generated_tokens(sharded_run):
+    """One on-policy step (ratio 1): policy loss = -token-mean over generated tokens of
+    the episode's group-relative advantage (R - mean_g) / (std_g + 1e-6)."""
+    check = sharded_run["check"]
+    mask = np.asarray(check["loss_mask"])  # [B, S, L]
+    groups = np.asarray(check["outcome"]).sum(axis=1).reshape(4, 4)
+    spread = groups.std(axis=1, ddof=1, keepdims=True)
+    advantage = ((groups - groups.mean(axis=1, keepdims=True)) / (spread + 1e-6)).ravel()
+    assert np.abs(advantage).sum() > 0  # the batch has a group of mixed outcomes.
+    expected = -np.sum(advantage[:, None, None] * mask) / mask.sum()
+    assert check["metrics"]["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert check["metrics"]["policy_loss"] == pytest.approx(expected, abs=1e-5)
+    assert check["metrics"]["tokens"] == mask.sum()
