@@ -32,6 +32,8 @@ _FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitte
 
 
 def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep HEAVY_FIRST's order.
+        config.option.loadscopereorder = False
     flags = os.environ.get("XLA_FLAGS", "")
     for flag, value in _FAST_COMPILE.items():  # before any backend starts.
         if flag not in flags:
@@ -45,6 +47,31 @@ def pytest_configure(config):
         os.environ[_OWNED] = str(os.getpid())
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
     compile_cache.enable_compilation_cache(os.environ[_CACHE_ENV])  # as the launchers do
+
+
+# The heaviest test files (CPU seconds of their tests, `--durations` of the quiet suite at
+# f0d0692 and of the new files alone), heaviest first. Under `-n 2 --dist loadfile` a
+# worker takes the next file when it is almost done with its own; xdist's default order
+# (most tests first) left the few-test, end-to-end files for last, and the run ended on
+# one of them with the other core idle. Heaviest first (with xdist's reordering off)
+# packs the two cores evenly. Files not listed follow in collection order.
+HEAVY_FIRST = (
+    "studies/test_study_generalization.py", "test_reliability.py", "test_pipeline_rs_sft.py",
+    "test_train.py", "test_curriculum.py", "test_credit_lm.py", "test_rollout.py",
+    "studies/test_study_dialogue.py", "studies/test_study_strategies.py", "test_credit_mc.py",
+    "studies/test_study_process_rewards.py", "test_text_update.py", "test_bench_accel.py",
+    "test_text_toolworld.py", "test_prm.py", "test_shadow.py", "test_notebook.py",
+    "test_envs_mastermind.py", "test_models.py", "studies/test_study_horizon_sweep.py",
+    "studies/test_study_credit_accuracy.py", "test_envs_dialogue.py", "test_preference.py",
+    "studies/test_study_sparse_vs_dense.py", "test_prm_implicit.py",
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items):
+    """Heaviest files first (HEAVY_FIRST); each file's tests keep their order."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    rank = {os.path.join(tests, name): i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(str(item.path), len(rank)))
 
 
 def pytest_unconfigure(config):
