@@ -6,6 +6,7 @@ Usage:
 
 The defaults fit about 15 minutes on a 2-core CPU (3 seeds); every strategy gets a
 similar budget of environment turns (`docs/preference.md` lists the budgets measured).
+A killed run continues with `--resume` (the config must not change).
 """
 
 import ml_collections

@@ -12,12 +12,14 @@
   size of `config.data_sizes` (`offline_dpo/<pairs>`).
 
 Every condition is evaluated on the same held-out tasks (`rlagent.train.evaluation`,
-sampled and greedy) at `config.eval_points` points; its x-axis is the total number of
-environment turns it consumed: its own episodes, every candidate a judge ranked, a
-PRM's labelling turns and, for offline DPO, the logging turns of its data. Outputs:
+sampled and greedy) at `online.num_updates // eval_every` points, evenly spaced over its
+updates; its x-axis is the total number of environment turns it consumed: its own
+episodes, every candidate a judge ranked, a PRM's labelling turns and, for offline
+DPO, the logging turns of its data. Outputs:
 `metrics.csv` (one row per evaluation, condition and seed), `curves.png`,
 `summary.md` / `summary.json` (`rlagent.analysis.report`; the offline data-size
-curve in a table of its own) and `provenance.json`.
+curve in a table of its own) and `provenance.json`. `config.groups` names the groups
+of runs trained (`GROUPS`, default all), each one program and one folder.
 
 Every group of runs trained together checkpoints after each chunk (each held-out
 evaluation), so `resume` continues a killed run exactly: `ppo/` and `grpo/` are

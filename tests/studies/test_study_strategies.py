@@ -106,7 +106,7 @@ def _assert_same_results(workdir, straight):
 def test_killed_run_resumes_exactly(straight, tmp_path, saves):
     """The launcher (`--resume` on a missing workdir: a fresh start) is SIGKILLed once the
     PRM group's first chunk is checkpointed; the resumed run trains only what was left
-    and equals the straight run; resuming the finished run trains nothing."""
+    and equals the straight run."""
     workdir = tmp_path / "run"
     flags = [f"--config.{key}={value}" for key, value in TINY.items()]
     command = [sys.executable, "-m", "experiments.strategies", f"--workdir={workdir}",
@@ -130,31 +130,34 @@ def test_killed_run_resumes_exactly(straight, tmp_path, saves):
     with ocp.CheckpointManager(str(first.parent)) as manager:  # the PRM judge learned
         prm = [manager.restore(s, args=ocp.args.StandardRestore())["judge_state"] for s in (2, 4)]
     assert not all(jax.tree.leaves(jax.tree.map(np.array_equal, *prm)))
-    saves.clear()
-    study.run(_config(), str(workdir), resume=True, progress=False)  # finished: read back
-    assert saves == []
-    _assert_same_results(workdir, straight)
 
 
-def test_resume_reuses_complete_logs_and_logs_torn_ones_again(straight, tmp_path, monkeypatch):
+def test_resume_reads_finished_groups_back_and_logs_torn_logs_again(
+    straight, tmp_path, monkeypatch, saves
+):  # fmt: skip
+    """Complete logs are reused, not logged again; logs cut by a kill (no marker) are
+    logged again, the same bytes, while finished groups are read back, not trained; logs
+    changed since they were marked complete are refused."""
     workdir = tmp_path / "run"
     shutil.copytree(straight, workdir)
-    marker = workdir / "data" / study.LOGGING
-    expected = (workdir / DATA).read_bytes()
-    # Killed while logging: no marker, a half-written file (and an old complete one).
-    marker.unlink()
-    (workdir / (DATA + ".partial")).write_bytes(expected[: len(expected) // 2])
-    study.run(_config(), str(workdir), resume=True, progress=False)
-    assert (workdir / DATA).read_bytes() == expected and marker.exists()
-    assert not (workdir / (DATA + ".partial")).exists()
-    _assert_same_results(workdir, straight)
-    # Complete logs are reused, not logged again; logs changed since are refused.
+    config, path = _config(), str(workdir / DATA)
+    log_behaviour = study._log_behaviour
     monkeypatch.setattr(study, "_log_behaviour", lambda *args: pytest.fail("logged again"))
-    study.run(_config(), str(workdir), resume=True, progress=False)
+    marker = workdir / "data" / study.LOGGING
+    cost = study._behaviour_logs(config, study._setup(config), path, 4, resume=True)
+    assert cost == {int(n): t for n, t in json.loads(marker.read_text())["logging_turns"].items()}
+    assert sorted(cost) == [2, 4] and 0 < cost[2] < cost[4]
+    expected = (workdir / DATA).read_bytes()
+    marker.unlink()  # killed while logging: no marker, half a file (and an older one)
+    (workdir / (DATA + ".partial")).write_bytes(expected[: len(expected) // 2])
+    monkeypatch.setattr(study, "_log_behaviour", log_behaviour)
+    study.run(config, str(workdir), resume=True, progress=False)
+    assert (workdir / DATA).read_bytes() == expected and marker.exists() and saves == []
+    assert not (workdir / (DATA + ".partial")).exists()
     _assert_same_results(workdir, straight)
     (workdir / DATA).write_bytes(expected.replace(b'"judge"', b'"judge" ', 1))
     with pytest.raises(loop.RunError, match="behaviour_pairs.jsonl is missing or is not the file"):
-        study.run(_config(), str(workdir), resume=True, progress=False)
+        study.run(config, str(workdir), resume=True, progress=False)
 
 
 def _snapshot(root):
