@@ -54,7 +54,8 @@ import numpy as np
 from absl import logging
 
 from experiments.studies import common
-from experiments.studies.envs import make_env
+from experiments.studies.envs import env_config
+from experiments.studies.envs import kind_of
 from experiments.studies.sections import make
 from rlagent.analysis import report
 from rlagent.analysis import stats
@@ -141,7 +142,7 @@ class _Setup(NamedTuple):
 
 
 def _setup(config: ml_collections.ConfigDict) -> _Setup:
-    env = make_env(config.env)
+    env = _environment(config.env.get("kind", "toolworld"), env_config(config.env))
     policy_config = common.policy_config(env, config.model)
     rollout_config = make(RolloutConfig, config.rollout, "rollout")
     seeds = list(range(config.first_seed, config.first_seed + int(config.seeds)))
@@ -164,6 +165,14 @@ def _setup(config: ml_collections.ConfigDict) -> _Setup:
         groups=tuple(name for name in GROUPS if name in groups),
         evaluate=_evaluator(env, policy_config, rollout_config, int(config.eval_episodes)),
     )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4)
+def _environment(kind: str, env_config):
+    """One environment per kind and config: environments hash by identity, and the
+    programs cached here and in `loop` key on them (a run resumed in this process, or
+    run again, compiles nothing again)."""
+    return kind_of(kind).make(env_config)
 
 
 @functools.lru_cache(maxsize=4)
