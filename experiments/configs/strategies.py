@@ -6,6 +6,7 @@ Usage:
 
 The defaults fit about 15 minutes on a 2-core CPU (3 seeds); every strategy gets a
 similar budget of environment turns (`docs/preference.md` lists the budgets measured).
+A killed run continues with `--resume` (the config must not change).
 """
 
 import ml_collections
@@ -25,6 +26,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.first_seed = 0
     config.eval_every = 20  # online iterations between held-out evaluations (PPO: scaled).
     config.eval_episodes = 64  # held-out episodes per evaluation (sampled and greedy).
+    # The groups of runs trained and reported (experiments.studies.strategies.GROUPS), each
+    # one program and one folder of the workdir: a subset reruns part of the study.
+    config.groups = "ppo,grpo,online_dpo,fork_dpo,online_dpo_prm,offline_dpo"
 
     config.env = env_section("toolworld", level=2)
     # The policy LM of experiments/configs/sparse_vs_dense.py, reading its full context

@@ -12,18 +12,35 @@
   size of `config.data_sizes` (`offline_dpo/<pairs>`).
 
 Every condition is evaluated on the same held-out tasks (`rlagent.train.evaluation`,
-sampled and greedy) at `config.eval_points` points; its x-axis is the total number of
-environment turns it consumed: its own episodes, every candidate a judge ranked, a
-PRM's labelling turns and, for offline DPO, the logging turns of its data. Outputs:
+sampled and greedy) at `online.num_updates // eval_every` points, evenly spaced over its
+updates; its x-axis is the total number of environment turns it consumed: its own
+episodes, every candidate a judge ranked, a PRM's labelling turns and, for offline
+DPO, the logging turns of its data. Outputs:
 `metrics.csv` (one row per evaluation, condition and seed), `curves.png`,
 `summary.md` / `summary.json` (`rlagent.analysis.report`; the offline data-size
-curve in a table of its own) and `provenance.json`. Resuming is not offered: a
-non-empty workdir needs `overwrite`.
+curve in a table of its own) and `provenance.json`. `config.groups` names the groups
+of runs trained (`GROUPS`, default all), each one program and one folder.
+
+Every group of runs trained together checkpoints after each chunk (each held-out
+evaluation), so `resume` continues a killed run exactly: `ppo/` and `grpo/` are
+`rlagent.host.loop.run` folders; `online_dpo/`, `fork_dpo/`, `online_dpo_prm/` and
+`offline_dpo/` hold the group's rows so far (`metrics.csv`) and Orbax checkpoints of its
+whole vmapped state (`checkpoints/<updates>`: parameters, optimizer states, reference,
+judge weights and accuracy, the judge's or PRM's state, PRNG keys), written after the
+rows (`loop.resume_state` restores the newest checkpoint every run's rows reach and
+drops rows past it); a finished group is read back, not trained again. The behaviour
+logs are written to a temporary file renamed when complete, then `data/logging.json`
+(their logging turns per data size and sha256): a resumed run reuses logs it finds
+complete and logs again when that file is absent (a kill while logging). A non-empty
+workdir needs `resume` (the config must equal the stored one; nothing may change) or
+`overwrite`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 import os
 import time
@@ -34,15 +51,19 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from absl import logging
 
 from experiments.studies import common
-from experiments.studies.envs import make_env
+from experiments.studies.envs import env_config
+from experiments.studies.envs import kind_of
 from experiments.studies.sections import make
 from rlagent.analysis import report
 from rlagent.analysis import stats
 from rlagent.credit import mc
 from rlagent.host import loop
 from rlagent.host import provenance
+from rlagent.host.workdir import RunError
+from rlagent.host.workdir import prepare_workdir
 from rlagent.host.writers import MetricWriter
 from rlagent.preference import data as pref_data
 from rlagent.preference import pairs
@@ -66,6 +87,12 @@ TITLE = "ToolWorld level {level}: PPO, GRPO, offline and online DPO (held-out su
 EVAL_AS = {
     name: f"eval_sampled_{name}" for name in ("success", "violation_rate", "collapse_rate", "turns")
 }
+# The groups of runs `config.groups` may name, in the order they train; each trains in
+# one program (PPO and GRPO: `loop.run`) and has a folder of that name in the workdir.
+GROUPS = ("ppo", "grpo", "online_dpo", "fork_dpo", "online_dpo_prm", "offline_dpo")
+LOG_SHAPE = (64, 4)  # behaviour logging: tasks per call, episodes per task.
+# Beside the behaviour logs, written once they are complete: their logging turns, sha256.
+LOGGING = "logging.json"
 
 
 def run(
@@ -76,18 +103,20 @@ def run(
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Trains and reports every strategy of `config` into `workdir` (module docstring)."""
-    if resume:
-        raise ValueError("strategies: --resume is not offered; rerun with --overwrite.")
+    """Trains and reports every strategy of `config` into `workdir` (module docstring);
+    `resume` continues a killed run exactly, refusing another config."""
     setup = _setup(config)  # config errors before anything is written
-    common.prepare(workdir, config, overwrite=overwrite)
+    resume = prepare_workdir(
+        workdir, resume=resume, overwrite=overwrite,
+        config=provenance.resolved(**config.to_dict()), note="nothing may change on resume",
+    )  # fmt: skip
     start = time.time()
     record = provenance.collect(config.to_dict())
     provenance.write(workdir, record)
     timings, rows = {}, []
     for name, part in (("ppo", _ppo_rows), ("online", _online_rows), ("offline", _offline_rows)):
         began = time.time()
-        rows += part(config, setup, workdir, progress=progress)
+        rows += part(config, setup, workdir, resume=resume, progress=progress)
         timings[name] = round(time.time() - began, 1)
     summary = _report(rows, config, workdir)
     summary["wall_s"] = timings
@@ -108,11 +137,12 @@ class _Setup(NamedTuple):
     offline: DPOConfig
     ppo: TrainConfig  # PPO's, and the reward settings every judge reads.
     seeds: list[int]
+    groups: tuple[str, ...]  # GROUPS that `config.groups` names, in GROUPS' order.
     evaluate: Any  # jitted: one run's params -> held-out metrics.
 
 
 def _setup(config: ml_collections.ConfigDict) -> _Setup:
-    env = make_env(config.env)
+    env = _environment(config.env.get("kind", "toolworld"), env_config(config.env))
     policy_config = common.policy_config(env, config.model)
     rollout_config = make(RolloutConfig, config.rollout, "rollout")
     seeds = list(range(config.first_seed, config.first_seed + int(config.seeds)))
@@ -124,14 +154,33 @@ def _setup(config: ml_collections.ConfigDict) -> _Setup:
             judge_weights(ppo, name)
     common.ints(config.data_sizes, "data_sizes", "number of pairs")
     common.env_policy(env, config.behaviour)
-    evaluate = make_evaluate(env, policy_graphdef(policy_config), rollout_config,
-                             num_episodes=int(config.eval_episodes))  # fmt: skip
+    groups = common.names(config.groups, "groups", "group")
+    unknown = [name for name in groups if name not in GROUPS]
+    if unknown:
+        raise ValueError(f"config.groups: unknown {unknown}; known: {list(GROUPS)}.")
     return _Setup(
         env=env, policy_config=policy_config, rollout_config=rollout_config,
         online=DPOConfig.from_mapping(config.online),
         offline=DPOConfig.from_mapping(config.offline), ppo=ppo, seeds=seeds,
-        evaluate=jax.jit(evaluate),
+        groups=tuple(name for name in GROUPS if name in groups),
+        evaluate=_evaluator(env, policy_config, rollout_config, int(config.eval_episodes)),
     )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4)
+def _environment(kind: str, env_config):
+    """One environment per kind and config: environments hash by identity, and the
+    programs cached here and in `loop` key on them (a run resumed in this process, or
+    run again, compiles nothing again)."""
+    return kind_of(kind).make(env_config)
+
+
+@functools.lru_cache(maxsize=4)
+def _evaluator(env, policy_config, rollout_config, episodes: int):
+    """`jit(evaluate)`: one run's params -> held-out metrics (cached, as the programs
+    below: a run resumed in the same process compiles nothing again)."""
+    graphdef = policy_graphdef(policy_config)
+    return jax.jit(make_evaluate(env, graphdef, rollout_config, num_episodes=episodes))
 
 
 def _judges(text: str, field: str) -> list[tuple[str, float]]:
@@ -163,16 +212,18 @@ def _points(config, num_updates: int) -> tuple[int, int]:
 # --------------------------------------------------------------------------- PPO, GRPO
 
 
-def _ppo_rows(config, setup, workdir, *, progress: bool) -> list[dict[str, Any]]:
+def _ppo_rows(config, setup, workdir, *, resume: bool, progress: bool) -> list[dict[str, Any]]:
     rows = []
     for name, estimator in (("ppo", setup.ppo.estimator), ("grpo", config.grpo_estimator)):
+        if name not in setup.groups:
+            continue
         train = dataclasses.replace(setup.ppo, estimator=estimator)
         every, _ = _points(config, train.num_updates)
         out = loop.run(
             train, setup.env, setup.policy_config, setup.rollout_config,
             seeds=setup.seeds, workdir=os.path.join(workdir, name), conditions=[train.reward],
             evaluation=EvalConfig(every=every, episodes=int(config.eval_episodes)),
-            chunk_size=every, progress=progress, checkpoint=False, tensorboard=False,
+            chunk_size=every, resume=resume, progress=progress, tensorboard=False,
         )  # fmt: skip
         for row in out:
             if np.isfinite(row.get("eval_sampled_success", np.nan)):
@@ -194,34 +245,47 @@ def _eval_row(condition, seed, update, turns, metrics) -> dict[str, Any]:
 # --------------------------------------------------------------------------- online DPO
 
 
-def _online_rows(config, setup, workdir, *, progress: bool) -> list[dict[str, Any]]:
-    del workdir
+def _online_rows(config, setup, workdir, *, resume: bool, progress: bool) -> list[dict[str, Any]]:
     online, train = setup.online, setup.ppo
-    groups = [
-        ("online_dpo", online, _judges(config.judges, "judges"), None),
-        ("fork_dpo", dataclasses.replace(online, pairs="fork", level="segment"),
+    groups = [  # (folder, label prefix, DPO config, judges, PRM kind): one program each
+        ("online_dpo", "online_dpo", online, _judges(config.judges, "judges"), None),
+        ("fork_dpo", "fork_dpo", dataclasses.replace(online, pairs="fork", level="segment"),
          _judges(config.fork_judges, "fork_judges"), None),
-        ("online_dpo", online, [("prm", 1.0)], config.prm_kind),
+        ("online_dpo_prm", "online_dpo", online, [("prm", 1.0)], config.prm_kind),
     ]  # fmt: skip
     rows = []
-    for prefix, dpo_config, judges, prm_kind in groups:
-        prm = None
-        if prm_kind:
-            prm = make_prm(PRMConfig(kind=prm_kind), train, setup.env,
-                           policy_graphdef(setup.policy_config), setup.rollout_config)  # fmt: skip
-        judge = make_judge(train, prm)
-        trainer = make_online_dpo(dpo_config, setup.env, setup.policy_config,
-                                  setup.rollout_config, judge=judge)  # fmt: skip
+    for folder, prefix, dpo_config, judges, prm_kind in groups:
+        if folder not in setup.groups:
+            continue
+        every, points = _points(config, dpo_config.num_updates)
+        init, chunk = _online_programs(dpo_config, train, setup.env,
+                                       policy_config=setup.policy_config,
+                                       rollout_config=setup.rollout_config, prm_kind=prm_kind,
+                                       every=every)  # fmt: skip
         runs = [(name, accuracy, seed) for name, accuracy in judges for seed in setup.seeds]
         keys = jnp.stack([jax.random.PRNGKey(seed) for *_, seed in runs])
         weights = jnp.stack([judge_weights(train, name) for name, _, _ in runs])
         accuracy = jnp.asarray([a for _, a, _ in runs], jnp.float32)
-        states = jax.jit(jax.vmap(trainer.init))(keys, weights, accuracy)
-        labels = [_label(prefix, name, a, prm_kind) for name, a, _ in runs]
-        rows += _train_and_evaluate(trainer.updates, states, labels, [s for *_, s in runs],
-                                    num_updates=dpo_config.num_updates, config=config,
-                                    setup=setup, progress=progress)  # fmt: skip
+        labels = [(_label(prefix, name, a, prm_kind), seed) for name, a, seed in runs]
+        rows += _train_and_evaluate(chunk, (init, (keys, weights, accuracy)), labels,
+                                    every=every, points=points, setup=setup,
+                                    folder=os.path.join(workdir, folder), resume=resume,
+                                    progress=progress)  # fmt: skip
     return rows
+
+
+@functools.lru_cache(maxsize=8)
+def _online_programs(dpo_config, train, env, *, policy_config, rollout_config, prm_kind, every):
+    """`(jit(vmap(init)), jit(vmap(every updates)))` of one online group (the judges'
+    weights and accuracies are data in the states), cached for a resume in-process."""
+    prm = None
+    if prm_kind:
+        prm = make_prm(PRMConfig(kind=prm_kind), train, env, policy_graphdef(policy_config),
+                       rollout_config)  # fmt: skip
+    trainer = make_online_dpo(dpo_config, env, policy_config, rollout_config,
+                              judge=make_judge(train, prm))  # fmt: skip
+    chunk = jax.vmap(lambda state: trainer.updates(state, every))
+    return jax.jit(jax.vmap(trainer.init)), jax.jit(chunk)
 
 
 def _label(prefix: str, judge: str, accuracy: float, prm_kind: str | None) -> str:
@@ -230,46 +294,69 @@ def _label(prefix: str, judge: str, accuracy: float, prm_kind: str | None) -> st
     return f"{prefix}/{judge}" + ("" if accuracy == 1.0 else f"@{accuracy:g}")
 
 
-def _train_and_evaluate(updates, states, labels, seeds, *, num_updates, config, setup,
+def _train_and_evaluate(chunk, init, runs, *, every, points, setup, folder, resume,
                         progress: bool, base_turns=None) -> list[dict[str, Any]]:  # fmt: skip
-    """Chunks of `updates` for every run (`jit(vmap)`), a held-out evaluation of each run
-    after every chunk; rows per evaluation with the run's total environment turns so far
-    (`base_turns [R]`: turns spent before training, e.g. logging)."""
-    every, points = _points(config, num_updates)
-    chunk = jax.jit(jax.vmap(lambda state: updates(state, every)))
-    total = np.zeros(len(labels)) if base_turns is None else np.asarray(base_turns, float)
+    """`points` calls of `chunk` (`every` updates of every run, `(label, seed)`, on the
+    vmapped states that `init = (function, arguments)` makes), a held-out evaluation of
+    each run after every chunk; rows per evaluation with the run's total environment
+    turns so far (`base_turns [R]`: turns spent before training, e.g. logging). After
+    each chunk its rows go to `<folder>/metrics.csv`, then the states to
+    `<folder>/checkpoints/<updates>`; with `resume` the newest checkpoint the rows reach
+    is restored (`loop.resume_state`) and training continues from it."""
+    writer, manager = MetricWriter(folder, tensorboard=False), loop.checkpoint_manager(folder)
+    try:  # the template's shapes suffice to restore: a resumed group compiles no init
+        done, states, rows = loop.resume_state(manager, writer, jax.eval_shape(init[0], *init[1]),
+                                               runs, resume=resume)  # fmt: skip
+        states = states if done else init[0](*init[1])
+        total = np.zeros(len(runs)) if base_turns is None else np.asarray(base_turns, float)
+        for row in rows:  # the turns so far, as the checkpointed chunk left them
+            total[runs.index((row["condition"], int(row["seed"])))] = row["env_turns_total"]
+        for point in range(done // every, points):
+            began = time.time()
+            states, metrics = chunk(states)
+            new_rows = _chunk_rows(jax.device_get(metrics), states.params, runs, total,
+                                   update=(point + 1) * every, evaluate=setup.evaluate)  # fmt: skip
+            writer.write(new_rows)
+            rows += new_rows
+            loop.save_state(manager, (point + 1) * every, states)
+            if progress:
+                print(f"{runs[0][0].split('/')[0]}: {(point + 1) * every}/{every * points} "
+                      f"updates, held-out success {np.mean([r['success'] for r in new_rows]):.2f}"
+                      f" ({time.time() - began:.0f} s)", flush=True)  # fmt: skip
+    finally:
+        writer.close()
+        manager.close()
+    return rows
+
+
+def _chunk_rows(metrics, params, runs, total, *, update: int, evaluate) -> list[dict[str, Any]]:
+    """One row per run after a chunk (its `metrics` [R, updates] per name): the held-out
+    evaluation of its `params`, the chunk's training means; adds the chunk's turns to
+    `total [R]` in place."""
+    for name in ("env_turns", "label_turns"):
+        if name in metrics:
+            total += np.nansum(metrics[name], axis=1)
     rows = []
-    for point in range(points):
-        began = time.time()
-        states, metrics = chunk(states)
-        metrics = jax.device_get(metrics)
-        for name in ("env_turns", "label_turns"):
+    for i, (label, seed) in enumerate(runs):
+        held_out = jax.device_get(evaluate(jax.tree.map(lambda x, i=i: x[i], params)))
+        row = _eval_row(label, seed, update, total[i], held_out)
+        for name in ("success", "dpo_loss", "pref_accuracy", "judge_agreement", "pairs"):
             if name in metrics:
-                total += np.nansum(metrics[name], axis=1)
-        for i, label in enumerate(labels):
-            params = jax.tree.map(lambda x, i=i: x[i], states.params)
-            held_out = jax.device_get(setup.evaluate(params))
-            row = _eval_row(label, seeds[i], (point + 1) * every, total[i], held_out)
-            for name in ("success", "dpo_loss", "pref_accuracy", "judge_agreement", "pairs"):
-                if name in metrics:
-                    row[f"train_{name}"] = float(np.nanmean(metrics[name][i]))
-            rows.append(row)
-        if progress:
-            done = [r for r in rows if r["update"] == (point + 1) * every]
-            print(f"{labels[0].split('/')[0]}: {(point + 1) * every}/{every * points} updates, "
-                  f"held-out success {np.mean([r['success'] for r in done]):.2f} "
-                  f"({time.time() - began:.0f} s)", flush=True)  # fmt: skip
+                row[f"train_{name}"] = float(np.nanmean(metrics[name][i]))
+        rows.append(row)
     return rows
 
 
 # --------------------------------------------------------------------------- offline DPO
 
 
-def _offline_rows(config, setup, workdir, *, progress: bool) -> list[dict[str, Any]]:
+def _offline_rows(config, setup, workdir, *, resume: bool, progress: bool) -> list[dict[str, Any]]:
+    if "offline_dpo" not in setup.groups:
+        return []
     env, offline = setup.env, setup.offline
     sizes = common.ints(config.data_sizes, "data_sizes", "number of pairs")
     path = os.path.join(workdir, "data", "behaviour_pairs.jsonl")
-    cost = _log_behaviour(config, setup, path, max(sizes))
+    cost = _behaviour_logs(config, setup, path, max(sizes), resume=resume)
     records = pref_data.load_records(path)[: max(sizes)]
     batch = pairs.records_to_pairs(
         records,
@@ -281,46 +368,69 @@ def _offline_rows(config, setup, workdir, *, progress: bool) -> list[dict[str, A
     trainer = make_offline_dpo(offline, env, setup.policy_config, setup.rollout_config)
     runs = [(size, seed) for size in sizes for seed in setup.seeds]
     keys = jnp.stack([jax.random.PRNGKey(seed) for _, seed in runs])
-    states = jax.jit(jax.vmap(trainer.init))(keys, jnp.asarray([n for n, _ in runs]))
+    init = (jax.jit(jax.vmap(trainer.init)), (keys, jnp.asarray([n for n, _ in runs])))
+    every, points = _points(config, offline.num_updates)
 
-    def updates(state, length):
-        return trainer.updates(state, batch, trainer.reference(state, batch), length)
+    def updates(state):
+        return trainer.updates(state, batch, trainer.reference(state, batch), every)
 
-    labels = [f"offline_dpo/{n}" for n, _ in runs]
     return _train_and_evaluate(
-        updates,
-        states,
-        labels,
-        [s for _, s in runs],
-        num_updates=offline.num_updates,
-        config=config,
+        jax.jit(jax.vmap(updates)),
+        init,
+        [(f"offline_dpo/{n}", seed) for n, seed in runs],
+        every=every,
+        points=points,
         setup=setup,
+        folder=os.path.join(workdir, "offline_dpo"),
+        resume=resume,
         progress=progress,
         base_turns=[cost[n] for n, _ in runs],
     )
+
+
+def _behaviour_logs(config, setup, path: str, wanted: int, *, resume: bool) -> dict[int, float]:
+    """The behaviour pairs at `path` and, per data size, the environment turns logged
+    until its last pair. A resumed run reuses logs that `data/logging.json` (their turns
+    and sha256, written once they are complete) marks complete; otherwise they are logged
+    into a temporary file, renamed when complete, then the marker is written (a kill
+    while logging leaves no marker: the resumed run logs again, never using half)."""
+    marker = os.path.join(os.path.dirname(path), LOGGING)
+    if resume and os.path.exists(marker):
+        with open(marker) as handle:
+            stored = json.load(handle)
+        if not os.path.exists(path) or _sha256(path) != stored["sha256"]:
+            raise RunError(
+                f"--resume: {path} is missing or is not the file logged before "
+                f"({marker} holds another sha256); pass --overwrite to start again."
+            )
+        return {int(n): float(turns) for n, turns in stored["logging_turns"].items()}
+    if resume and os.path.exists(path + ".partial"):
+        logging.warning("--resume: %s was cut short by a kill; logging it again.", path)
+    cost = _log_behaviour(config, setup, path + ".partial", wanted)
+    os.replace(path + ".partial", path)
+    turns = {str(n): value for n, value in cost.items()}
+    _write_json(marker, {"sha256": _sha256(path), "logging_turns": turns})
+    return cost
+
+
+def _sha256(path: str) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
+def _write_json(path: str, value: Any) -> None:
+    """`path` written atomically: a kill leaves the old file or the new one."""
+    with open(path + ".tmp", "w") as handle:
+        json.dump(value, handle, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def _log_behaviour(config, setup, path: str, wanted: int) -> dict[int, float]:
     """Logs groups of behaviour episodes (4 per task) until `wanted` pairs are ranked and
     written to `path`; returns, per data size, the environment turns logged until its
     last pair (every logged episode counts, paired or not)."""
-    env, train = setup.env, setup.ppo
-    policy = common.env_policy(env, config.behaviour)
-    weights = judge_weights(train, config.offline_judge)
-    judge = make_judge(train)
-    groups, size = 64, 4
-
-    @jax.jit
-    def log(key):
-        env_key, policy_key, pair_key = jax.random.split(key, 3)
-        env_keys = jnp.repeat(jax.random.split(env_key, groups), size, axis=0)
-        episodes = mc.rollout_env_policy(env, policy, env_keys,
-                                         jax.random.split(policy_key, groups * size))  # fmt: skip
-        traj = mc.env_trajectory(env, episodes)
-        scores, _, _ = judge.judge((), PRMInputs(None, None, traj, None), weights, None)
-        chosen, rejected, weight = pairs.group_pairs(scores.reshape(groups, size), pair_key)
-        return traj, env_keys, scores, (chosen, rejected, weight)
-
+    env, (groups, size) = setup.env, LOG_SHAPE
+    log = _log_program(env, setup.ppo, config.behaviour, config.offline_judge)
     sizes = common.ints(config.data_sizes, "data_sizes", "number of pairs")
     found, turns, cost, chunk = 0, 0.0, {}, 0
     key = jax.random.PRNGKey(int(config.first_seed) + 0x10C5)
@@ -347,6 +457,30 @@ def _log_behaviour(config, setup, path: str, wanted: int) -> dict[int, float]:
     return cost
 
 
+@functools.lru_cache(maxsize=4)
+def _log_program(env, train: TrainConfig, behaviour: str, judge_name: str):
+    """`jit(log)(key) -> (trajectory, env keys, scores, (chosen, rejected, weight))`:
+    LOG_SHAPE episodes of `behaviour`, scored by the judge `judge_name` and paired best
+    against worst per task."""
+    policy = common.env_policy(env, behaviour)
+    weights = judge_weights(train, judge_name)
+    judge = make_judge(train)
+    groups, size = LOG_SHAPE
+
+    @jax.jit
+    def log(key):
+        env_key, policy_key, pair_key = jax.random.split(key, 3)
+        env_keys = jnp.repeat(jax.random.split(env_key, groups), size, axis=0)
+        episodes = mc.rollout_env_policy(env, policy, env_keys,
+                                         jax.random.split(policy_key, groups * size))  # fmt: skip
+        traj = mc.env_trajectory(env, episodes)
+        scores, _, _ = judge.judge((), PRMInputs(None, None, traj, None), weights, None)
+        chosen, rejected, weight = pairs.group_pairs(scores.reshape(groups, size), pair_key)
+        return traj, env_keys, scores, (chosen, rejected, weight)
+
+    return log
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -361,11 +495,14 @@ def _report(rows, config, workdir) -> dict[str, Any]:
     online = [r for r in rows if not r["condition"].startswith("offline_dpo")]
     offline = [r for r in rows if r["condition"].startswith("offline_dpo")]
     report.plot_curves(online + offline, os.path.join(workdir, "curves.png"), title=title, smooth=1)
-    summary = report.summarize(online)
-    data_curve = report.summarize(offline)
-    text = f"# {title}\n\n" + report.markdown_table(summary)
-    text += "\n## Offline DPO on behaviour-policy logs: the data-size curve\n\n"
-    text += _offline_table(data_curve, offline)
+    summary, data_curve, text = {}, {}, f"# {title}\n\n"  # `config.groups` may omit a part
+    if online:
+        summary = report.summarize(online)
+        text += report.markdown_table(summary)
+    if offline:
+        data_curve = report.summarize(offline)
+        text += "\n## Offline DPO on behaviour-policy logs: the data-size curve\n\n"
+        text += _offline_table(data_curve, offline)
     with open(os.path.join(workdir, "summary.md"), "w") as handle:
         handle.write(text)
     print(text)

@@ -66,7 +66,16 @@ from rlagent.train.ppo import make_train
 from rlagent.train.rewards import check_forms
 from rlagent.train.rewards import reward_weights
 
-__all__ = ["RESUMABLE_FIELDS", "Diverged", "RunError", "clear_compiled", "run"]
+__all__ = [
+    "RESUMABLE_FIELDS",
+    "Diverged",
+    "RunError",
+    "checkpoint_manager",
+    "clear_compiled",
+    "resume_state",
+    "run",
+    "save_state",
+]
 
 
 class Diverged(RunError):
@@ -157,6 +166,31 @@ def run(
         writer.close()
         if manager is not None:
             manager.close()
+
+
+def checkpoint_manager(folder: str) -> ocp.CheckpointManager:
+    """The Orbax manager of `<folder>/checkpoints` as `run` keeps it (synchronous saves,
+    the newest two kept), for a study that trains a state pytree of its own chunk by
+    chunk and checkpoints it with `resume_state` and `save_state` as `run` does."""
+    return _checkpoint_manager(folder)
+
+
+def resume_state(
+    manager: ocp.CheckpointManager, writer: MetricWriter, state: Any,
+    runs: Sequence[tuple[str, int]], *, resume: bool,
+) -> tuple[int, Any, list[dict[str, Any]]]:  # fmt: skip
+    """`run`'s resume for any state pytree (`state`: the fresh one, also the template
+    restored into) whose metric rows in `writer` carry `condition`, `seed` and `update`:
+    `(updates done, state, rows kept)`, the newest readable checkpoint that every run's
+    rows reach (unreadable ones and those past the rows named and removed, rows past it
+    dropped); without `resume`, or without a checkpoint, `(0, state, [])` and an empty
+    metrics file."""
+    return _resume(manager, writer, state, list(runs), resume=resume)
+
+
+def save_state(manager: ocp.CheckpointManager, step: int, state: Any) -> None:
+    """Checkpoints `state` at `step` (`RunError` naming both when it cannot be written)."""
+    _save(manager, step, state)
 
 
 class Curriculum(NamedTuple):
