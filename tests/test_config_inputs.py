@@ -1,0 +1,41 @@
+"""Typed configs refuse the bad values a hostile user types, naming the field (no
+training: every case fails in a config's `__post_init__`)."""
+
+import math
+
+import pytest
+
+from rlagent.train.config import TrainConfig
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"num_updates": 2.5}, "TrainConfig.num_updates must be an integer, got 2.5"),
+        ({"group_size": True}, "TrainConfig.group_size must be an integer"),
+        ({"learning_rate": math.nan}, "TrainConfig.learning_rate must be a finite number"),
+        ({"learning_rate": math.inf}, "TrainConfig.learning_rate must be a finite number"),
+        ({"entropy_coef": math.nan}, "TrainConfig.entropy_coef must be a finite number"),
+        ({"reward_weights": (math.nan, 0.0, 0.0)}, "TrainConfig.reward_weights must be a finite"),
+        ({"dual_clip": 0.5}, "TrainConfig.dual_clip must be > 1 or None"),
+        ({"value_clip": -0.2}, "TrainConfig.value_clip must be >= 0 or None"),
+        ({"value_coef": -1.0}, "TrainConfig.value_coef must be >= 0"),
+        ({"kl_coef": -1.0}, "TrainConfig.kl_coef must be >= 0"),
+        ({"kl_target": -0.1}, "TrainConfig.kl_target must be > 0 or None"),
+        ({"kl_horizon": 0.0}, "TrainConfig.kl_horizon must be > 0"),
+        ({"max_grad_norm": 0.0}, "TrainConfig.max_grad_norm must be > 0"),
+        ({"weight_decay": -1.0}, "TrainConfig.weight_decay must be >= 0"),
+        ({"warmup_updates": -1}, r"TrainConfig.warmup_updates must be in \[0, num_updates\]"),
+        ({"warmup_updates": 61}, r"TrainConfig.warmup_updates must be in \[0, num_updates\]"),
+        ({"prm_temperature": 0.0}, "TrainConfig.prm_temperature must be > 0"),
+        ({"violation_penalty": -1.0}, "TrainConfig.violation_penalty must be >= 0"),
+        ({"gigpo_omega": -1.0}, "TrainConfig.gigpo_omega must be >= 0"),
+    ],
+)
+def test_train_config_refuses_bad_values_naming_the_field(fields, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**fields)
+
+
+def test_train_config_keeps_the_edges_of_its_ranges():
+    TrainConfig(warmup_updates=60, value_clip=0.0, dual_clip=None, kl_target=0.02)
