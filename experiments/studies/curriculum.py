@@ -55,6 +55,7 @@ def run(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Trains every schedule (seeds in parallel) and writes the report into `workdir`."""
+    common.check_counts(config, common.RUN_COUNTS)
     stages = common.names(config.stages, "stages", "stage")
     schedules = common.names(config.schedules, "schedules", "schedule")
     unknown = [s for s in schedules if s not in KINDS]

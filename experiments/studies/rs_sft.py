@@ -63,6 +63,7 @@ def run(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Trains every (family, condition, seed) and writes the report into `workdir`."""
+    common.check_counts(config, common.RUN_COUNTS)
     families = common.names(config.envs, "envs", "task family")
     env_configs = {name: family_config(config, name) for name in families}  # errors first
     conditions(config)

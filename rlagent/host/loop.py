@@ -66,7 +66,7 @@ from rlagent.train.ppo import make_train
 from rlagent.train.rewards import check_forms
 from rlagent.train.rewards import reward_weights
 
-__all__ = ["RESUMABLE_FIELDS", "Diverged", "RunError", "clear_compiled", "run"]
+__all__ = ["RESUMABLE_FIELDS", "Diverged", "RunError", "check_arguments", "clear_compiled", "run"]
 
 
 class Diverged(RunError):
@@ -119,7 +119,7 @@ def run(
     refuses another); `resume`, `overwrite`, `curriculum`, errors: the module docstring.
     """
     conditions = list(conditions) if conditions else [config.reward]
-    _check_arguments(config, env, rollout_config, seeds, conditions, prm=prm, probe=probe,
+    check_arguments(config, env, rollout_config, seeds, conditions, prm=prm, probe=probe,
                      chunk_size=chunk_size, resume=resume, overwrite=overwrite,
                      curriculum=curriculum)  # fmt: skip
     runs = [(condition, int(seed)) for condition in conditions for seed in seeds]
@@ -216,12 +216,13 @@ def _resume(manager, writer, state, runs, *, resume: bool):
     return done, state, rows
 
 
-def _check_arguments(
-    config, env, rollout_config, seeds, conditions, *, prm, probe, chunk_size, resume, overwrite,
-    curriculum=None,
+def check_arguments(
+    config, env, rollout_config, seeds, conditions, *, prm=PRMConfig(), probe=ProbeConfig(),
+    chunk_size=10, resume=False, overwrite=False, curriculum=None,
 ) -> None:  # fmt: skip
-    """Refuses bad arguments before anything is written (a reward form the env cannot
-    pay or without the PRM it reads, extras' configs that do not fit the run)."""
+    """Refuses bad arguments of `run` before anything is written (a reward form the env
+    cannot pay or without the PRM it reads, extras' configs that do not fit the run); a
+    study calls it before it writes its own folder."""
     if curriculum is not None and (prm.kind != "none" or probe.every):
         raise ValueError("curriculum= runs take no PRM and no credit probe.")
     if resume and overwrite:

@@ -1,0 +1,96 @@
+"""Every study refuses a bad config value before it writes anything, naming the field.
+
+Each case calls a study's `run` in-process with one hostile override of its default
+config. Reaching the workdir (`prepare_workdir`) fails the test at once instead of
+training, so a check that goes missing costs no compile.
+"""
+
+import importlib
+import math
+
+import pytest
+
+from experiments.studies import common
+from rlagent.host import workdir as workdir_module
+
+STUDY_MODULES = (
+    "sparse_vs_dense", "process_rewards", "credit_accuracy", "horizon_sweep", "dialogue",
+    "generalization", "rs_sft", "curriculum", "ab_test", "shadow",
+)  # fmt: skip
+
+
+def _reached(*args, **kwargs):
+    raise AssertionError("the study reached its workdir: the bad value was not refused")
+
+
+@pytest.fixture(autouse=True)
+def no_workdir(monkeypatch):
+    """`prepare_workdir` / `common.prepare` fail the test (every study calls one first)."""
+    for name in STUDY_MODULES:
+        module = importlib.import_module(f"experiments.studies.{name}")
+        if hasattr(module, "prepare_workdir"):
+            monkeypatch.setattr(module, "prepare_workdir", _reached)
+    monkeypatch.setattr(common, "prepare", _reached)
+    monkeypatch.setattr(workdir_module, "prepare_workdir", _reached)
+
+
+def refused(tmp_path, study: str, message: str, config_name: str | None = None, **fields):
+    """Runs `study` with `fields` (dotted paths, `__` for `.`) set in its default config;
+    asserts a one-line ValueError matching `message` and an untouched workdir."""
+    config = importlib.import_module(f"experiments.configs.{config_name or study}").get_config()
+    for path, value in fields.items():
+        *parents, last = path.split("__")
+        node = config
+        for parent in parents:
+            node = node[parent]
+        with node.ignore_type():
+            node[last] = value
+    workdir = tmp_path / "run"
+    module = importlib.import_module(f"experiments.studies.{study}")
+    with pytest.raises(ValueError, match=message) as error:
+        module.run(config, str(workdir))
+    assert "\n" not in str(error.value)
+    assert not workdir.exists()
+
+
+@pytest.mark.parametrize(
+    ("study", "fields", "message"),
+    [
+        ("sparse_vs_dense", {"seeds": 2.5}, r"config.seeds must be an integer, got 2.5"),
+        ("sparse_vs_dense", {"chunk_size": 2.5}, r"config.chunk_size must be an integer"),
+        ("sparse_vs_dense", {"train__learning_rate": math.nan}, "learning_rate must be a finite"),
+        ("horizon_sweep", {"seeds": 0}, r"config.seeds must be >= 1, got 0"),
+        ("horizon_sweep", {"chunk_size": 0}, r"config.chunk_size must be >= 1, got 0"),
+        ("horizon_sweep", {"slack": 2.5}, r"config.slack must be an integer"),
+        ("horizon_sweep", {"eval__every": -1}, r"EvalConfig.every must be >= 0"),
+        ("horizon_sweep", {"probe__every": -1}, r"ProbeConfig.every must be >= 0"),
+        ("horizon_sweep", {"warm_start__steps": -1}, r"WarmStartConfig.steps must be >= 0"),
+        ("horizon_sweep", {"warm_start_horizons": "99"}, r"config.warm_start_horizons: "),
+        ("rs_sft", {"seeds": 0}, r"config.seeds must be >= 1, got 0"),
+        ("rs_sft", {"chunk_size": 0}, r"config.chunk_size must be >= 1, got 0"),
+        ("curriculum", {"seeds": 0}, r"config.seeds must be >= 1, got 0"),
+        ("curriculum", {"chunk_size": -1}, r"config.chunk_size must be >= 1, got -1"),
+    ],
+)
+def test_counts_and_sections_are_refused_before_the_workdir(tmp_path, study, fields, message):
+    refused(tmp_path, study, message, **fields)
+
+
+@pytest.mark.parametrize("spec", ["learned_sum/prm=bogus", "process/prm=noisy_oracle@0.1"])
+def test_the_main_experiment_refuses_per_condition_prms_it_would_ignore(tmp_path, spec):
+    # It trains config.prm for every condition: the label's PRM would be silently dropped.
+    refused(
+        tmp_path,
+        "sparse_vs_dense",
+        rf"config.conditions: '{spec}': this study trains",
+        conditions=spec,
+    )
+
+
+def test_a_learned_form_without_a_prm_is_refused_before_the_workdir(tmp_path):
+    refused(
+        tmp_path,
+        "sparse_vs_dense",
+        "reads a process reward model's scores",
+        conditions="learned_sum",
+    )
