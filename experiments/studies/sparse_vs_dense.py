@@ -25,7 +25,15 @@ def reward_runs(config: ml_collections.ConfigDict) -> list[Run]:
     They differ only in data (the reward weights), so they train side by side in one
     compiled program, every condition with every seed.
     """
-    return [Run("rewards", tuple(names(config.conditions)), config)]
+    labels = names(config.conditions)
+    specs = [label for label in labels if "/" in label]
+    if specs:  # it would train the plain form, silently without the PRM the label names
+        raise ValueError(
+            f"config.conditions: {specs[0]!r}: this study trains the one PRM of config.prm "
+            "(e.g. --config.prm.kind=completion); 'form/prm=<kind>' conditions are "
+            "experiments.process_rewards'."
+        )
+    return [Run("rewards", tuple(labels), config)]
 
 
 def guardrail_runs(config: ml_collections.ConfigDict) -> list[Run]:
