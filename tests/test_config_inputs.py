@@ -17,6 +17,8 @@ from rlagent.train.config import TrainConfig
         ({"learning_rate": math.inf}, "TrainConfig.learning_rate must be a finite number"),
         ({"entropy_coef": math.nan}, "TrainConfig.entropy_coef must be a finite number"),
         ({"reward_weights": (math.nan, 0.0, 0.0)}, "TrainConfig.reward_weights must be a finite"),
+        ({"learning_rate": -1.0}, "TrainConfig.learning_rate must be > 0, got -1.0"),
+        ({"clip_high": 0.0}, "TrainConfig.clip_high must be > 0"),
         ({"dual_clip": 0.5}, "TrainConfig.dual_clip must be > 1 or None"),
         ({"value_clip": -0.2}, "TrainConfig.value_clip must be >= 0 or None"),
         ({"value_coef": -1.0}, "TrainConfig.value_coef must be >= 0"),

@@ -121,8 +121,9 @@ class TrainConfig:
             raise ValueError("dialogue_weights must be (fluency, factuality, feedback).")
         if self.kl_target is not None and self.kl_placement == "none":
             raise ValueError("kl_target (adaptive KL) needs kl_placement 'reward' or 'loss'.")
-        if self.learning_rate <= 0 or self.clip_low <= 0 or self.clip_high <= 0:
-            raise ValueError("learning_rate, clip_low and clip_high must be positive.")
+        for name in ("learning_rate", "clip_low", "clip_high"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)!r}.")
         self._check_ranges()
 
     def _check_types(self):
