@@ -40,6 +40,7 @@ import ml_collections
 import numpy as np
 
 from experiments.studies.common import LMSetup
+from experiments.studies.common import check_counts
 from experiments.studies.common import checkpoint
 from experiments.studies.common import env_policy
 from experiments.studies.common import estimator_config
@@ -117,6 +118,13 @@ def run(
     return _write_report(rows, workdir, config, start)
 
 
+# Counts of the config (`common.check_counts`): Monte-Carlo continuations per value and
+# behind the noisy critic, continuations played at once.
+COUNTS = {
+    "seeds": 1, "first_seed": None, "num_samples": 1, "critic_samples": 1, "chunk_size": 1,
+}  # fmt: skip
+
+
 class Plan(NamedTuple):
     """What a credit-accuracy config asks for, checked (`plan`)."""
 
@@ -182,8 +190,7 @@ def _check_config(
     config, kind: str, base: TrainConfig, rewards: list[str]
 ) -> tuple[list[int], list[str]]:
     """`(horizons, policies)` of the config; a bad value is refused naming its field."""
-    if int(config.seeds) < 1:
-        raise ValueError(f"config.seeds must be >= 1, got {config.seeds}.")
+    check_counts(config, COUNTS)
     horizons = ints(config.horizons, "horizons", "horizon")
     envs = []
     for horizon in horizons:
@@ -203,7 +210,17 @@ def _check_config(
                 env_policy(probe, name)
         except ValueError as error:
             raise ValueError(f"config.policies: {error}") from None
+    if any(name.startswith("ppo_") for name in policies):
+        _check_ppo(config)
     return horizons, policies
+
+
+def _check_ppo(config) -> None:
+    """`config.ppo`: the TrainConfig fields of the `ppo_<k>` policies' run (`checkpoint`)."""
+    try:
+        TrainConfig.from_mapping({**config.ppo, "num_updates": 1})
+    except ValueError as error:
+        raise ValueError(f"config.ppo: {error}") from None
 
 
 def make_measure(env: Environment, name: str, base: TrainConfig, config) -> Callable:
