@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from rlagent.envs.toolworld import ToolWorldConfig
 from rlagent.train.config import TrainConfig
 
 
@@ -41,3 +42,10 @@ def test_train_config_refuses_bad_values_naming_the_field(fields, message):
 
 def test_train_config_keeps_the_edges_of_its_ranges():
     TrainConfig(warmup_updates=60, value_clip=0.0, dual_clip=None, kl_target=0.02)
+
+
+@pytest.mark.parametrize(("level", "max_turns", "easiest"), [(2, 2, 3), (4, 4, 5), (1, 1, 2)])
+def test_toolworld_refuses_a_turn_limit_no_task_fits(level, max_turns, easiest):
+    with pytest.raises(ValueError, match=rf"ToolWorldConfig.max_turns: must be >= {easiest}"):
+        ToolWorldConfig(level=level, max_turns=max_turns)
+    assert ToolWorldConfig(level=level, max_turns=easiest).max_turns == easiest
