@@ -6,6 +6,8 @@ import math
 import pytest
 
 from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.models import PolicyConfig
+from rlagent.rollout import RolloutConfig
 from rlagent.train.config import TrainConfig
 
 
@@ -49,3 +51,23 @@ def test_toolworld_refuses_a_turn_limit_no_task_fits(level, max_turns, easiest):
     with pytest.raises(ValueError, match=rf"ToolWorldConfig.max_turns: must be >= {easiest}"):
         ToolWorldConfig(level=level, max_turns=max_turns)
     assert ToolWorldConfig(level=level, max_turns=easiest).max_turns == easiest
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"dtype": "float13"}, "PolicyConfig.dtype must name a floating-point dtype"),
+        ({"param_dtype": "int32"}, "PolicyConfig.param_dtype must name a floating-point dtype"),
+        ({"copy_prior": math.nan}, "PolicyConfig.copy_prior must be finite or None"),
+        ({"d_model": 30, "num_heads": 2}, "the head width 15 .* must be even"),
+        ({"head_dim": 7}, "the head width 7 .* must be even"),
+    ],
+)
+def test_policy_config_refuses_what_the_model_cannot_build(fields, message):
+    with pytest.raises(ValueError, match=message):
+        PolicyConfig(**fields)
+
+
+def test_rollout_config_refuses_a_nan_temperature():
+    with pytest.raises(ValueError, match="RolloutConfig.temperature must be >= 0, got nan"):
+        RolloutConfig(temperature=math.nan)
