@@ -10,6 +10,7 @@ import math
 
 import pytest
 
+from experiments.studies import ab_test
 from experiments.studies import common
 from rlagent.host import workdir as workdir_module
 
@@ -79,6 +80,14 @@ def refused(tmp_path, study: str, message: str, config_name: str | None = None, 
         ("generalization", {"seeds": 2.5}, r"config.seeds must be an integer, got 2.5"),
         ("generalization", {"credit_reward": "bogus"}, r"config.credit_reward 'bogus' must be"),
         ("generalization", {"credit_policy": "oracle"}, r"config.credit_policy 'oracle' must"),
+        ("ab_test", {"a": "A", "b": "B", "tasks": 1}, r"config.tasks must be >= 2, got 1"),
+        ("ab_test", {"a": "A", "b": "B", "samples": 0}, r"config.samples must be >= 1, got 0"),
+        ("ab_test", {"a": "A", "b": "B", "alpha": math.nan}, r"config.alpha must be in \(0, 1\)"),
+        ("ab_test", {"a": "A", "b": "B", "greedy": "yes"}, r"config.greedy must be True or"),
+        ("shadow", {"policy": "P", "rounds": 0}, r"config.rounds must be >= 1, got 0"),
+        ("shadow", {"policy": "P", "samples": 1}, r"config.samples must be >= 2, got 1"),
+        ("shadow", {"policy": "P", "judge": "bogus"}, r"config.judge must be one of"),
+        ("shadow", {"policy": "P", "ab__tasks": 1}, r"config.ab.tasks must be >= 2, got 1"),
     ],
 )
 def test_counts_and_sections_are_refused_before_the_workdir(tmp_path, study, fields, message):
@@ -103,3 +112,32 @@ def test_a_learned_form_without_a_prm_is_refused_before_the_workdir(tmp_path):
         "reads a process reward model's scores",
         conditions="learned_sum",
     )
+
+
+def test_damaged_checkpoint_folders_are_refused_naming_them(tmp_path, tiny_policy_config):
+    from flax import nnx
+
+    from rlagent.envs.toolworld import ToolWorldConfig
+    from rlagent.host import provenance
+    from rlagent.host import shadow
+    from rlagent.models import Policy
+    from rlagent.rollout import RolloutConfig
+
+    policy_config = tiny_policy_config(num_summary_slots=0)
+    config = provenance.resolved(
+        env=ToolWorldConfig(level=1, max_turns=3), model=policy_config, rollout=RolloutConfig()
+    )
+    folder = tmp_path / "policy"
+    shadow.save_checkpoint(
+        str(folder), nnx.state(Policy(policy_config, rngs=nnx.Rngs(0))), config, step=1
+    )
+    with pytest.raises(ValueError, match=r"@abc: the checkpoint step 'abc' is no number"):
+        ab_test.read_checkpoint(f"{folder}@abc")
+    for path in (folder / "checkpoints" / "1").rglob("*"):
+        if path.is_file():
+            path.write_text("garbage")
+    with pytest.raises(ValueError, match=rf"^{folder}: cannot read the checkpoint \("):
+        ab_test.read_checkpoint(str(folder))
+    (folder / "provenance.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"provenance.json is not valid JSON"):
+        ab_test.read_checkpoint(str(folder))
