@@ -6,6 +6,8 @@ import math
 import pytest
 
 from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.host.workdir import RunError
+from rlagent.host.workdir import prepare_workdir
 from rlagent.models import PolicyConfig
 from rlagent.rollout import RolloutConfig
 from rlagent.train.config import TrainConfig
@@ -71,3 +73,12 @@ def test_policy_config_refuses_what_the_model_cannot_build(fields, message):
 def test_rollout_config_refuses_a_nan_temperature():
     with pytest.raises(ValueError, match="RolloutConfig.temperature must be >= 0, got nan"):
         RolloutConfig(temperature=math.nan)
+
+
+def test_a_workdir_that_is_a_file_is_refused_naming_it(tmp_path):
+    path = tmp_path / "results"
+    path.write_text("not a folder")
+    for resume in (False, True):
+        with pytest.raises(RunError, match=rf"{path} is a file, not a folder"):
+            prepare_workdir(str(path), resume=resume)
+    assert path.read_text() == "not a folder"
