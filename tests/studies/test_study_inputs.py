@@ -7,6 +7,9 @@ training, so a check that goes missing costs no compile.
 
 import importlib
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -14,6 +17,7 @@ from experiments.studies import ab_test
 from experiments.studies import common
 from rlagent.host import workdir as workdir_module
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STUDY_MODULES = (
     "sparse_vs_dense", "process_rewards", "credit_accuracy", "horizon_sweep", "dialogue",
     "generalization", "rs_sft", "curriculum", "ab_test", "shadow",
@@ -141,3 +145,46 @@ def test_damaged_checkpoint_folders_are_refused_naming_them(tmp_path, tiny_polic
     (folder / "provenance.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"provenance.json is not valid JSON"):
         ab_test.read_checkpoint(str(folder))
+
+
+def test_baseline_scripts_refuse_counts_and_levels_that_measure_nothing():
+    from experiments import dialogue_baselines
+    from experiments import mastermind_differential
+
+    assert dialogue_baselines.levels(" 2, 3,", 5) == [2, 3]
+    for text, episodes, message in (
+        ("1", 0, r"--episodes must be >= 1, got 0"),
+        ("", 5, r"--levels names no level"),
+        ("9", 5, r"--levels: '9': DialogueConfig.level"),
+        ("1,1", 5, r"--levels names a level more than once"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            dialogue_baselines.levels(text, episodes)
+    mastermind_differential.check_flags(1, 1)
+    with pytest.raises(ValueError, match=r"--games must be >= 1, got 0"):
+        mastermind_differential.check_flags(0, 10)
+    with pytest.raises(ValueError, match=r"--oracle_games must be >= 1, got -1"):
+        mastermind_differential.check_flags(10, -1)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["experiments.ab_test", "--config=experiments/configs/nope.py", "--a=x", "--b=y"],
+         "error: --config: [Errno 2] No such file or directory: 'experiments/configs/nope.py'"),
+        (["experiments.sparse_vs_dense", "--config=experiments/configs/nope.py"],
+         "error: --config: [Errno 2] No such file or directory: 'experiments/configs/nope.py'"),
+        (["experiments.dialogue_baselines", "--episodes=0"],
+         "error: --episodes must be >= 1, got 0."),
+    ],
+)  # fmt: skip
+def test_launchers_exit_with_one_line_errors(tmp_path, args, message):
+    out = tmp_path / "out"
+    where = f"--out={out}" if args[0].endswith("baselines") else f"--workdir={out}"
+    result = subprocess.run(
+        [sys.executable, "-m", *args, where], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == message
+    assert "Traceback" not in result.stderr
+    assert not out.exists()
