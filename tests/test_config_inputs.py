@@ -1,11 +1,14 @@
-"""Typed configs refuse the bad values a hostile user types, naming the field (no
-training: every case fails in a config's `__post_init__`)."""
+"""Typed configs refuse the bad values a hostile user types, naming the field; the host's
+workdir guard and checkpoint restore stay quiet and exact (no training: every case fails
+in a config's `__post_init__` or a host helper)."""
 
+import asyncio
 import math
 
 import pytest
 
 from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.host.loop import quiet_closed_loops
 from rlagent.host.workdir import RunError
 from rlagent.host.workdir import prepare_workdir
 from rlagent.models import PolicyConfig
@@ -82,3 +85,18 @@ def test_a_workdir_that_is_a_file_is_refused_naming_it(tmp_path):
         with pytest.raises(RunError, match=rf"{path} is a file, not a folder"):
             prepare_workdir(str(path), resume=resume)
     assert path.read_text() == "not a folder"
+
+
+def test_restores_run_on_loops_that_drop_completions_arriving_after_close():
+    # A failed Orbax restore closes its loop while TensorStore reads are in flight; their
+    # completions must not print 'RuntimeError: Event loop is closed' (rlagent.host.loop).
+    policy = asyncio.get_event_loop_policy()
+    with quiet_closed_loops():
+        event_loop = asyncio.new_event_loop()
+        event_loop.close()
+        assert event_loop.call_soon_threadsafe(print) is None
+    assert asyncio.get_event_loop_policy() is policy
+    plain = asyncio.new_event_loop()
+    plain.close()
+    with pytest.raises(RuntimeError, match="Event loop is closed"):
+        plain.call_soon_threadsafe(print)

@@ -29,6 +29,8 @@ runner states, so a resumed run continues it exactly.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import os
 import shutil
@@ -66,7 +68,10 @@ from rlagent.train.ppo import make_train
 from rlagent.train.rewards import check_forms
 from rlagent.train.rewards import reward_weights
 
-__all__ = ["RESUMABLE_FIELDS", "Diverged", "RunError", "check_arguments", "clear_compiled", "run"]
+__all__ = [
+    "RESUMABLE_FIELDS", "Diverged", "RunError", "check_arguments", "clear_compiled",
+    "quiet_closed_loops", "run",
+]  # fmt: skip
 
 
 class Diverged(RunError):
@@ -358,7 +363,8 @@ def _restore(
             manager.reload()
             continue
         try:
-            restored = manager.restore(step, args=ocp.args.StandardRestore(state))
+            with quiet_closed_loops():
+                restored = manager.restore(step, args=ocp.args.StandardRestore(state))
         except Exception as error:  # noqa: BLE001 - any failure to read means a broken step.
             logging.warning(
                 "Checkpoint step %d in %s is unreadable (%s: %s); removing it and "
@@ -385,6 +391,42 @@ def _restore(
         "--resume: no readable checkpoint in %s; starting from scratch.", manager.directory
     )
     return 0, state
+
+
+class _QuietLoop(asyncio.SelectorEventLoop):
+    """An event loop that drops callbacks scheduled onto it after it closed."""
+
+    def call_soon_threadsafe(self, callback, *args, context=None):
+        try:
+            return super().call_soon_threadsafe(callback, *args, context=context)
+        except RuntimeError:
+            if self.is_closed():
+                return None  # a completion nobody awaits any more
+            raise
+
+
+class _QuietPolicy(asyncio.DefaultEventLoopPolicy):
+    def new_event_loop(self) -> asyncio.AbstractEventLoop:
+        return _QuietLoop()
+
+
+@contextlib.contextmanager
+def quiet_closed_loops():
+    """Event loops made inside drop callbacks that arrive after they closed.
+
+    Orbax runs every restore on a fresh event loop and closes it when the restore returns
+    or raises. When one array of a broken checkpoint fails to read, the restore raises
+    while TensorStore's reads of the other arrays are still in flight; as each finishes,
+    TensorStore's thread schedules its completion onto the closed loop, and every one
+    printed a 'RuntimeError: Event loop is closed' traceback (past sys.excepthook; a race,
+    so from none to hundreds per broken step). Those completions have no awaiter left.
+    """
+    previous = asyncio.get_event_loop_policy()
+    asyncio.set_event_loop_policy(_QuietPolicy())
+    try:
+        yield
+    finally:
+        asyncio.set_event_loop_policy(previous)
 
 
 def _save(manager: ocp.CheckpointManager, step: int, state: RunnerState | Curriculum) -> None:
