@@ -67,7 +67,7 @@ def run(
         raise ValueError("config.eval.every must be > 0: schedules are compared held out.")
     # Pad absent tasks' markers as settled: a short stage shows no open task beyond its own.
     mixture = StageMixture(
-        [common.build(rs_sft.family_config(config, name)).env for name in stages],
+        [common.build(rs_sft.family_config(config, name, "stages")).env for name in stages],
         pad_progress=int(Progress.DONE),
     )
     common.prepare(workdir, config, resume=resume, overwrite=overwrite)

@@ -110,7 +110,11 @@ def plan(config: ml_collections.ConfigDict) -> list[tuple[str, str, ml_collectio
     common.check_counts(config, {"seeds": 1, "first_seed": None})
     kinds = names(config.envs, "envs", "environment")
     for kind in kinds:
-        kind_of(kind)
+        try:
+            kind_of(kind)
+        except ValueError as error:
+            message = str(error).removeprefix("config.env.kind: ")
+            raise ValueError(f"config.envs: {message}") from None
         if kind not in config.kinds:
             raise ValueError(f"config.envs names {kind!r}, but config.kinds has no {kind!r}.")
     plans = []
