@@ -42,6 +42,7 @@ from rlagent.analysis.stats import format_interval
 from rlagent.analysis.stats import holm
 from rlagent.host import provenance
 from rlagent.host import shadow
+from rlagent.host.loop import quiet_closed_loops
 from rlagent.host.workdir import prepare_workdir
 from rlagent.host.workdir import refuse_resume
 from rlagent.models import PolicyConfig
@@ -150,7 +151,8 @@ def read_checkpoint(spec: str) -> shadow.Checkpoint:
     if step and not step.isdigit():
         raise ValueError(f"{spec}: the checkpoint step {step!r} is no number (RUN_FOLDER@STEP)")
     try:
-        return shadow.load_checkpoint(spec)
+        with quiet_closed_loops():  # a damaged checkpoint: no 'Event loop is closed' noise
+            return shadow.load_checkpoint(spec)
     except Exception as error:  # noqa: BLE001 - any failure to read means a damaged folder.
         message = str(error).splitlines()[0] if str(error) else ""
         if isinstance(error, ValueError) and message.startswith(spec):
