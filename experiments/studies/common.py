@@ -385,8 +385,26 @@ def estimator_config(base: TrainConfig, spec: str) -> TrainConfig:
     name, _, lam = spec.partition("@")
     fields = {"estimator": name}
     if lam:
-        fields["lam"] = float(lam)
+        try:
+            fields["lam"] = float(lam)
+        except ValueError:
+            raise ValueError(f"lam {lam!r} (after @) is no number.") from None
     return dataclasses.replace(base, **fields)
+
+
+def plain_forms(text: str, field: str = "conditions") -> list[str]:
+    """The reward forms of `config.<field>` for a study that trains one PRM (`config.prm`)
+    for every condition: a `form/prm=<kind>` label is refused, since its PRM would be
+    silently dropped (`prm_groups` reads such labels, for the studies that train them)."""
+    labels = names(text, field)
+    specs = [label for label in labels if "/" in label]
+    if specs:
+        raise ValueError(
+            f"config.{field}: {specs[0]!r}: this study trains the one PRM of config.prm "
+            "(e.g. --config.prm.kind=completion); 'form/prm=<kind>' conditions are "
+            "experiments.process_rewards'."
+        )
+    return labels
 
 
 # Policies of the Monte-Carlo studies (credit accuracy, label quality) ---------------------

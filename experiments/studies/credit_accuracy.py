@@ -143,10 +143,12 @@ def plan(config: ml_collections.ConfigDict) -> Plan:
     base = TrainConfig.from_mapping(
         {**config.train, "num_groups": config.num_groups, "group_size": config.group_size}
     )
-    estimators = {
-        spec: estimator_config(base, spec)
-        for spec in names(config.estimators, "estimators", "estimator")
-    }
+    estimators = {}
+    for spec in names(config.estimators, "estimators", "estimator"):
+        try:
+            estimators[spec] = estimator_config(base, spec)
+        except ValueError as error:
+            raise ValueError(f"config.estimators: {spec!r}: {error}") from None
     rewards = names(config.rewards, "rewards", "reward form")
     learned = [r for r in rewards if r in LEARNED_REWARDS]
     if learned:  # no PRM scores the Monte-Carlo episodes: their learned components are 0

@@ -16,7 +16,6 @@ import ml_collections
 from experiments.studies import common
 from experiments.studies import envs
 from experiments.studies.common import Run
-from experiments.studies.common import names
 
 
 def reward_runs(config: ml_collections.ConfigDict) -> list[Run]:
@@ -25,15 +24,7 @@ def reward_runs(config: ml_collections.ConfigDict) -> list[Run]:
     They differ only in data (the reward weights), so they train side by side in one
     compiled program, every condition with every seed.
     """
-    labels = names(config.conditions)
-    specs = [label for label in labels if "/" in label]
-    if specs:  # it would train the plain form, silently without the PRM the label names
-        raise ValueError(
-            f"config.conditions: {specs[0]!r}: this study trains the one PRM of config.prm "
-            "(e.g. --config.prm.kind=completion); 'form/prm=<kind>' conditions are "
-            "experiments.process_rewards'."
-        )
-    return [Run("rewards", tuple(labels), config)]
+    return [Run("rewards", tuple(common.plain_forms(config.conditions)), config)]
 
 
 def guardrail_runs(config: ml_collections.ConfigDict) -> list[Run]:
@@ -42,7 +33,7 @@ def guardrail_runs(config: ml_collections.ConfigDict) -> list[Run]:
     penalise: a violation ends the episode and costs `violation_penalty` (1.0 unless set);
     mask: the sampler may only emit tokens the rules allow.
     """
-    reward = names(config.conditions)[0]
+    reward = common.plain_forms(config.conditions)[0]
     runs = []
     for mode in ("off", "penalise", "mask"):
         run_config = ml_collections.ConfigDict(config.to_dict())
