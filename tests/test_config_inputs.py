@@ -8,9 +8,11 @@ import math
 import pytest
 
 from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.host import loop
 from rlagent.host.loop import quiet_closed_loops
 from rlagent.host.workdir import RunError
 from rlagent.host.workdir import prepare_workdir
+from rlagent.host.writers import MetricWriter
 from rlagent.models import PolicyConfig
 from rlagent.rollout import RolloutConfig
 from rlagent.train.config import TrainConfig
@@ -100,3 +102,12 @@ def test_restores_run_on_loops_that_drop_completions_arriving_after_close():
     plain.close()
     with pytest.raises(RuntimeError, match="Event loop is closed"):
         plain.call_soon_threadsafe(print)
+
+
+def test_resume_refuses_a_damaged_metrics_csv_naming_it(tmp_path):
+    writer = MetricWriter(str(tmp_path), tensorboard=False)
+    writer.write([{"condition": "outcome", "update": 1, "seed": 0, "success": 0.5}])
+    assert loop._stored_reach(writer, [("outcome", 0)]) == 1
+    (tmp_path / "metrics.csv").write_bytes(b"not,a\x00csv\n\x01\x02\n")
+    with pytest.raises(RunError, match=r"--resume: .*metrics.csv is damaged \(TypeError"):
+        loop._stored_reach(writer, [("outcome", 0)])

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import csv
 import functools
 import os
 import shutil
@@ -214,7 +215,7 @@ def _resume(manager, writer, state, runs, *, resume: bool):
     resuming (metric rows past it dropped), else a fresh start with an empty metrics.csv."""
     done = 0
     if resume and manager is not None:
-        done, state = _restore(manager, state, reach=_metrics_reach(writer.read(), runs))
+        done, state = _restore(manager, state, reach=_stored_reach(writer, runs))
     rows = writer.truncate(done) if done else []
     if not done:
         writer.clear()
@@ -327,6 +328,18 @@ def _train(
     finally:
         bar.close()
     return rows
+
+
+def _stored_reach(writer: MetricWriter, runs: list[tuple[str, int]]) -> int:
+    """`_metrics_reach` of the rows on disk; a metrics.csv that cannot be parsed (not
+    one cut short by a kill, which `MetricWriter.read` handles) is refused naming it."""
+    try:
+        return _metrics_reach(writer.read(), runs)
+    except (TypeError, ValueError, KeyError, csv.Error) as error:
+        raise RunError(
+            f"--resume: {writer.path} is damaged ({type(error).__name__}: "
+            f"{str(error)[:200]}); pass --overwrite to start the run again."
+        ) from None
 
 
 def _metrics_reach(rows: list[dict[str, Any]], runs: list[tuple[str, int]]) -> int:

@@ -12,10 +12,18 @@ import subprocess
 import sys
 
 import pytest
+from flax import nnx
 
+from experiments import dialogue_baselines
+from experiments import mastermind_differential
 from experiments.studies import ab_test
 from experiments.studies import common
+from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.host import provenance
+from rlagent.host import shadow
 from rlagent.host import workdir as workdir_module
+from rlagent.models import Policy
+from rlagent.rollout import RolloutConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STUDY_MODULES = (
@@ -126,14 +134,6 @@ def test_a_learned_form_without_a_prm_is_refused_before_the_workdir(tmp_path):
 
 
 def test_damaged_checkpoint_folders_are_refused_naming_them(tmp_path, tiny_policy_config):
-    from flax import nnx
-
-    from rlagent.envs.toolworld import ToolWorldConfig
-    from rlagent.host import provenance
-    from rlagent.host import shadow
-    from rlagent.models import Policy
-    from rlagent.rollout import RolloutConfig
-
     policy_config = tiny_policy_config(num_summary_slots=0)
     config = provenance.resolved(
         env=ToolWorldConfig(level=1, max_turns=3), model=policy_config, rollout=RolloutConfig()
@@ -155,9 +155,6 @@ def test_damaged_checkpoint_folders_are_refused_naming_them(tmp_path, tiny_polic
 
 
 def test_baseline_scripts_refuse_counts_and_levels_that_measure_nothing():
-    from experiments import dialogue_baselines
-    from experiments import mastermind_differential
-
     assert dialogue_baselines.levels(" 2, 3,", 5) == [2, 3]
     for text, episodes, message in (
         ("1", 0, r"--episodes must be >= 1, got 0"),
