@@ -34,6 +34,9 @@ def guardrail_runs(config: ml_collections.ConfigDict) -> list[Run]:
     mask: the sampler may only emit tokens the rules allow.
     """
     reward = common.plain_forms(config.conditions)[0]
+    if "guardrail" not in config.env:
+        kind = config.env.get("kind", "toolworld")
+        raise ValueError(f"--guardrail_sweep: config.env.kind {kind!r} has no guardrail field.")
     runs = []
     for mode in ("off", "penalise", "mask"):
         run_config = ml_collections.ConfigDict(config.to_dict())

@@ -192,3 +192,12 @@ def test_launchers_exit_with_one_line_errors(tmp_path, args, message):
     assert result.stderr.strip().splitlines()[-1] == message
     assert "Traceback" not in result.stderr
     assert not out.exists()
+
+
+def test_the_guardrail_sweep_refuses_an_environment_without_guardrails(tmp_path):
+    config = importlib.import_module("experiments.configs.dialogue").get_config()
+    with pytest.raises(ValueError, match=r"--guardrail_sweep: config.env.kind 'dialogue' has no"):
+        importlib.import_module("experiments.studies.sparse_vs_dense").run(
+            config, str(tmp_path / "run"), guardrail_sweep=True
+        )
+    assert not (tmp_path / "run").exists()
