@@ -30,7 +30,7 @@ _GUARDRAIL_B = flags.DEFINE_string("guardrail_b", None, "Guardrail mode of arm B
 
 def main(argv):
     del argv
-    config = _FLAGS.config.value
+    config = launch.config_value(_FLAGS)
     for name, holder in (
         ("a", _A),
         ("b", _B),

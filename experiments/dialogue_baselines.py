@@ -53,11 +53,36 @@ def play(env: DialogueEnv, policy, key: jax.Array, episodes: int) -> dict[str, f
     }
 
 
+def levels(text: str, episodes: int) -> list[int]:
+    """The levels of `--levels` (comma-separated, each a level of `level_config`), after
+    refusing bad flags naming them (`--episodes=0` would average over no dialogue)."""
+    if episodes < 1:
+        raise ValueError(f"--episodes must be >= 1, got {episodes}.")
+    parsed = [item.strip() for item in text.split(",") if item.strip()]
+    if not parsed:
+        raise ValueError("--levels names no level.")
+    out = []
+    for item in parsed:
+        try:
+            level_config(int(item))
+        except ValueError as error:
+            raise ValueError(f"--levels: {item!r}: {error}") from None
+        out.append(int(item))
+    if len(set(out)) < len(out):
+        raise ValueError(f"--levels names a level more than once: {text!r}.")
+    return out
+
+
 def main(argv):
     del argv
+    launch.run_reported(_baselines)
+
+
+def _baselines():
+    chosen = levels(_LEVELS.value, _EPISODES.value)
     compile_cache.enable_compilation_cache(_CACHE_DIR.value)
     rows = []
-    for level in [int(x) for x in _LEVELS.value.split(",")]:
+    for level in chosen:
         config = level_config(level)
         env = DialogueEnv(config)
         key = jax.random.key(level)

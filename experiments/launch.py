@@ -81,6 +81,18 @@ def define_cache_flag() -> flags.FlagHolder:
     )
 
 
+def config_value(launcher: LauncherFlags) -> Any:
+    """The launcher's config; a `--config` file that cannot be loaded (missing, or failing
+    on import) exits with a one-line error instead of config_flags' traceback."""
+    config = launcher.config.value
+    try:
+        config.keys()  # a config that failed to load raises on first use
+    except OSError as error:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        sys.exit(f"error: --config: {lines[-1] if lines else error}")
+    return config
+
+
 def run_reported(work: Callable[[], Any]) -> None:
     """Calls `work()`; refused, diverged or badly configured runs exit with their error."""
     logging.set_verbosity(logging.WARNING)  # keep Orbax's per-checkpoint INFO lines out.
@@ -107,7 +119,7 @@ def run_study(study: Callable[..., Any], launcher: LauncherFlags, **kwargs: Any)
     def work():
         mesh = {"mesh": data_mesh()} if launcher.distributed else {}
         return study(
-            launcher.config.value,
+            config_value(launcher),
             launcher.workdir.value,
             resume=launcher.resume.value,
             overwrite=launcher.overwrite.value,

@@ -42,8 +42,23 @@ LEVELS = ("v0", "hard", "extreme", "classic")
 
 
 def main(_):
+    launch.run_reported(_differential)
+
+
+def check_flags(games: int, oracle_games: int) -> None:
+    """Zero games would report a differential without a mismatch, and rates of no game."""
+    for name, value in (("games", games), ("oracle_games", oracle_games)):
+        if value < 1:
+            raise ValueError(f"--{name} must be >= 1, got {value}.")
+
+
+def _differential():
+    check_flags(_GAMES.value, _ORACLE_GAMES.value)
     compile_cache.enable_compilation_cache(_CACHE_DIR.value)
-    import textarena
+    try:
+        import textarena
+    except ImportError:
+        raise ValueError("textarena is not installed: pip install textarena==0.7.4") from None
 
     results = {"textarena": textarena.__version__, "differential": {}, "policies": {}}
     for level in LEVELS:

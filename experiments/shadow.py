@@ -26,7 +26,7 @@ _POLICY = flags.DEFINE_string("policy", None, "The served checkpoint: RUN_FOLDER
 def main(argv):
     del argv
     if _POLICY.value is not None:
-        _FLAGS.config.value.policy = _POLICY.value
+        launch.config_value(_FLAGS).policy = _POLICY.value
     launch.run_study(shadow.run, _FLAGS)
 
 

@@ -118,7 +118,7 @@ class RolloutConfig:
     def __post_init__(self):
         if self.window is not None and self.window < 0:
             raise ValueError(f"RolloutConfig.window must be >= 0 or None, got {self.window}")
-        if self.temperature < 0:
+        if not self.temperature >= 0:  # also NaN
             raise ValueError(f"RolloutConfig.temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"RolloutConfig.top_k must be >= 0, got {self.top_k}")

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from experiments.studies.common import check_counts
 from experiments.studies.envs import KINDS
 from experiments.studies.envs import make_env
 from experiments.studies.sections import make
@@ -41,6 +42,7 @@ from rlagent.analysis.stats import format_interval
 from rlagent.analysis.stats import holm
 from rlagent.host import provenance
 from rlagent.host import shadow
+from rlagent.host.loop import quiet_closed_loops
 from rlagent.host.workdir import prepare_workdir
 from rlagent.host.workdir import refuse_resume
 from rlagent.models import PolicyConfig
@@ -64,6 +66,11 @@ PRIMARY = "success"
 SHARED = ("env", "model", "rollout.window")
 
 
+# Counts of the config (`check_config`): at least 2 tasks (a paired comparison needs a
+# spread), episodes per task, bootstrap resamples, the held-out set, the NumPy seed.
+COUNTS = {"tasks": 2, "samples": 1, "reps": 1, "heldout_set": 0, "first_seed": None}
+
+
 class Arm(NamedTuple):
     name: str  # "A" or "B".
     checkpoint: shadow.Checkpoint
@@ -83,6 +90,7 @@ def run(
         raise refuse_resume("ab_test")
     if not config.a or not config.b:
         raise ValueError("ab_test needs two checkpoints: --a=RUN_FOLDER[@STEP] --b=...")
+    check_config(config)
     start = time.time()
     arm_a = load_arm("A", config.a, config.guardrail_a)
     arm_b = load_arm("B", config.b, config.guardrail_b)
@@ -108,11 +116,21 @@ def run(
     return summary
 
 
+def check_config(config: ml_collections.ConfigDict, where: str = "config") -> None:
+    """The comparison's settings, refused naming the field before anything is played or
+    written (`compare_arms` reads them)."""
+    check_counts(config, COUNTS, where)
+    if not isinstance(config.greedy, bool):
+        raise ValueError(f"{where}.greedy must be True or False, got {config.greedy!r}.")
+    if not 0.0 < float(config.alpha) < 1.0:  # also NaN
+        raise ValueError(f"{where}.alpha must be in (0, 1), got {config.alpha!r}.")
+
+
 def load_arm(name: str, spec: str, guardrail: str = "") -> Arm:
     """Arm `name` of checkpoint `spec` (`shadow.load_checkpoint`), its environment (with
     the guardrail mode `guardrail` when given) and the rollout it was trained with
     (constrained when the guardrail masks)."""
-    checkpoint = shadow.load_checkpoint(spec)
+    checkpoint = read_checkpoint(spec)
     section = env_section(checkpoint.config["env"])
     if guardrail:
         if "guardrail" not in section:
@@ -123,6 +141,25 @@ def load_arm(name: str, spec: str, guardrail: str = "") -> Arm:
     if getattr(env, "requires_constrained", False):
         rollout = dataclasses.replace(rollout, constrained=True)
     return Arm(name, checkpoint, env, rollout)
+
+
+def read_checkpoint(spec: str) -> shadow.Checkpoint:
+    """`shadow.load_checkpoint(spec)`; a folder it cannot read (a damaged provenance.json
+    or checkpoint, a STEP that is no number) is refused in one line naming `spec`."""
+    folder_spec = spec.partition("#")[0]
+    step = folder_spec.partition("@")[2]
+    if step and not step.isdigit():
+        raise ValueError(f"{spec}: the checkpoint step {step!r} is no number (RUN_FOLDER@STEP)")
+    try:
+        with quiet_closed_loops():  # a damaged checkpoint: no 'Event loop is closed' noise
+            return shadow.load_checkpoint(spec)
+    except Exception as error:  # noqa: BLE001 - any failure to read means a damaged folder.
+        message = str(error).splitlines()[0] if str(error) else ""
+        if isinstance(error, ValueError) and message.startswith(spec):
+            raise ValueError(message) from None  # load_checkpoint's own, naming the spec
+        raise ValueError(
+            f"{spec}: cannot read the checkpoint ({type(error).__name__}: {message[:200]})"
+        ) from None
 
 
 def env_section(fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -147,11 +184,8 @@ def check_same(config_a: Mapping[str, Any], config_b: Mapping[str, Any]) -> None
 
 def compare_arms(arm_a: Arm, arm_b: Arm, config: ml_collections.ConfigDict) -> dict[str, Any]:
     """Per-task metrics of both arms on the same keys and their paired comparisons."""
+    check_config(config)
     tasks, samples = int(config.tasks), int(config.samples)
-    if tasks < 2 or samples < 1:
-        raise ValueError(
-            f"config.tasks must be >= 2 and config.samples >= 1, got {tasks}, {samples}"
-        )
     sides = {"A": arm_a, "B": arm_b}
     per_task = {
         side: play_arm(arm, tasks, samples, int(config.heldout_set), greedy=bool(config.greedy))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 import os
 import time
 from collections.abc import Callable
@@ -50,6 +51,10 @@ from rlagent.train.config import TrainConfig
 from rlagent.train.evaluation import EvalConfig
 from rlagent.train.ppo import make_train
 from rlagent.train.rewards import check_forms
+
+# The counts of a training study's config: seeds per condition, the first seed, updates per
+# jitted call.
+RUN_COUNTS = {"seeds": 1, "first_seed": None, "chunk_size": 1}
 
 
 class Setup(NamedTuple):
@@ -208,11 +213,8 @@ def run_and_report(
     `write_report(rows, workdir) -> summary` replaces `write_training_report` (a study's
     own report; metrics.csv is written either way).
     """
-    if int(config.seeds) < 1:
-        raise ValueError(f"config.seeds must be >= 1, got {config.seeds}.")
+    setups = check_runs(runs, config)  # config errors before anything is written.
     seeds = list(range(config.first_seed, config.first_seed + config.seeds))
-    setups = [build(run.config) for run in runs]  # config errors before anything is written.
-    _check_runs(runs, setups, config)
     prepare(workdir, config, resume=resume, overwrite=overwrite)
     start = time.time()
     record = provenance.collect(config.to_dict(), runs=[run.name for run in runs])
@@ -247,14 +249,36 @@ def run_and_report(
     return summary
 
 
-def _check_runs(runs: Sequence[Run], setups: Sequence[Setup], config) -> None:
-    """Refuses what the loop would refuse only after the study's folder is written: an
-    unknown or unpayable reward form, a chunk size below 1 (errors name the field)."""
-    if int(config.chunk_size) < 1:
-        raise ValueError(f"config.chunk_size must be >= 1, got {config.chunk_size}.")
+def check_runs(runs: Sequence[Run], config: ml_collections.ConfigDict) -> list[Setup]:
+    """The setups of `runs` (`build`), after refusing what `loop.run` would refuse only
+    once the study's folder is written: counts (`RUN_COUNTS`) that are no integers or
+    too small, an unknown or unpayable reward form, a learned form without a PRM, extras
+    that do not fit the run (errors name the field)."""
+    check_counts(config, RUN_COUNTS)
+    setups = [build(run.config) for run in runs]
+    seeds = list(range(config.first_seed, config.first_seed + config.seeds))
     for run, setup in zip(runs, setups, strict=True):
         conditions = [label.split("/")[0] for label in run.conditions]
         check_forms(setup.env, setup.train_config, conditions, "config.conditions")
+        loop.check_arguments(
+            setup.train_config, setup.env, setup.rollout_config, seeds, conditions,
+            prm=setup.prm_config, probe=setup.probe_config, chunk_size=config.chunk_size,
+        )  # fmt: skip
+    return setups
+
+
+def check_counts(
+    config: Mapping[str, Any], minimums: Mapping[str, int | None], where: str = "config"
+) -> None:
+    """Refuses a field of `config` named in `minimums` that is not an integer at least its
+    minimum (None: any integer): `config.seeds must be >= 1, got 0.` (2.5 seeds would
+    truncate, and a flag parser does not guard a notebook's ConfigDict)."""
+    for name, minimum in minimums.items():
+        value = config[name]
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+            raise ValueError(f"{where}.{name} must be an integer, got {value!r}.")
+        if minimum is not None and value < minimum:
+            raise ValueError(f"{where}.{name} must be >= {minimum}, got {value}.")
 
 
 def write_training_report(
@@ -361,8 +385,26 @@ def estimator_config(base: TrainConfig, spec: str) -> TrainConfig:
     name, _, lam = spec.partition("@")
     fields = {"estimator": name}
     if lam:
-        fields["lam"] = float(lam)
+        try:
+            fields["lam"] = float(lam)
+        except ValueError:
+            raise ValueError(f"lam {lam!r} (after @) is no number.") from None
     return dataclasses.replace(base, **fields)
+
+
+def plain_forms(text: str, field: str = "conditions") -> list[str]:
+    """The reward forms of `config.<field>` for a study that trains one PRM (`config.prm`)
+    for every condition: a `form/prm=<kind>` label is refused, since its PRM would be
+    silently dropped (`prm_groups` reads such labels, for the studies that train them)."""
+    labels = names(text, field)
+    specs = [label for label in labels if "/" in label]
+    if specs:
+        raise ValueError(
+            f"config.{field}: {specs[0]!r}: this study trains the one PRM of config.prm "
+            "(e.g. --config.prm.kind=completion); 'form/prm=<kind>' conditions are "
+            "experiments.process_rewards'."
+        )
+    return labels
 
 
 # Policies of the Monte-Carlo studies (credit accuracy, label quality) ---------------------

@@ -40,6 +40,7 @@ import ml_collections
 import numpy as np
 
 from experiments.studies.common import LMSetup
+from experiments.studies.common import check_counts
 from experiments.studies.common import checkpoint
 from experiments.studies.common import env_policy
 from experiments.studies.common import estimator_config
@@ -117,6 +118,13 @@ def run(
     return _write_report(rows, workdir, config, start)
 
 
+# Counts of the config (`common.check_counts`): Monte-Carlo continuations per value and
+# behind the noisy critic, continuations played at once.
+COUNTS = {
+    "seeds": 1, "first_seed": None, "num_samples": 1, "critic_samples": 1, "chunk_size": 1,
+}  # fmt: skip
+
+
 class Plan(NamedTuple):
     """What a credit-accuracy config asks for, checked (`plan`)."""
 
@@ -135,10 +143,12 @@ def plan(config: ml_collections.ConfigDict) -> Plan:
     base = TrainConfig.from_mapping(
         {**config.train, "num_groups": config.num_groups, "group_size": config.group_size}
     )
-    estimators = {
-        spec: estimator_config(base, spec)
-        for spec in names(config.estimators, "estimators", "estimator")
-    }
+    estimators = {}
+    for spec in names(config.estimators, "estimators", "estimator"):
+        try:
+            estimators[spec] = estimator_config(base, spec)
+        except ValueError as error:
+            raise ValueError(f"config.estimators: {spec!r}: {error}") from None
     rewards = names(config.rewards, "rewards", "reward form")
     learned = [r for r in rewards if r in LEARNED_REWARDS]
     if learned:  # no PRM scores the Monte-Carlo episodes: their learned components are 0
@@ -182,8 +192,7 @@ def _check_config(
     config, kind: str, base: TrainConfig, rewards: list[str]
 ) -> tuple[list[int], list[str]]:
     """`(horizons, policies)` of the config; a bad value is refused naming its field."""
-    if int(config.seeds) < 1:
-        raise ValueError(f"config.seeds must be >= 1, got {config.seeds}.")
+    check_counts(config, COUNTS)
     horizons = ints(config.horizons, "horizons", "horizon")
     envs = []
     for horizon in horizons:
@@ -203,7 +212,17 @@ def _check_config(
                 env_policy(probe, name)
         except ValueError as error:
             raise ValueError(f"config.policies: {error}") from None
+    if any(name.startswith("ppo_") for name in policies):
+        _check_ppo(config)
     return horizons, policies
+
+
+def _check_ppo(config) -> None:
+    """`config.ppo`: the TrainConfig fields of the `ppo_<k>` policies' run (`checkpoint`)."""
+    try:
+        TrainConfig.from_mapping({**config.ppo, "num_updates": 1})
+    except ValueError as error:
+        raise ValueError(f"config.ppo: {error}") from None
 
 
 def make_measure(env: Environment, name: str, base: TrainConfig, config) -> Callable:

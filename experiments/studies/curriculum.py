@@ -55,6 +55,7 @@ def run(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Trains every schedule (seeds in parallel) and writes the report into `workdir`."""
+    common.check_counts(config, common.RUN_COUNTS)
     stages = common.names(config.stages, "stages", "stage")
     schedules = common.names(config.schedules, "schedules", "schedule")
     unknown = [s for s in schedules if s not in KINDS]
@@ -66,7 +67,7 @@ def run(
         raise ValueError("config.eval.every must be > 0: schedules are compared held out.")
     # Pad absent tasks' markers as settled: a short stage shows no open task beyond its own.
     mixture = StageMixture(
-        [common.build(rs_sft.family_config(config, name)).env for name in stages],
+        [common.build(rs_sft.family_config(config, name, "stages")).env for name in stages],
         pad_progress=int(Progress.DONE),
     )
     common.prepare(workdir, config, resume=resume, overwrite=overwrite)

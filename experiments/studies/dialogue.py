@@ -112,7 +112,7 @@ def training_runs(config: ml_collections.ConfigDict, parts: Sequence[str]) -> li
     main = _user(config)
     labels: dict[tuple[float, float], list[str]] = {}
     if "rewards" in parts:
-        labels[main] = list(names(config.conditions))
+        labels[main] = common.plain_forms(config.conditions)
     if "feedback" in parts:
         for user in feedback_users(config):
             if feedback_label(*user) != shared_feedback(config, parts):

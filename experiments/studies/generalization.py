@@ -107,11 +107,14 @@ def _may_change(workdir: str, config: ml_collections.ConfigDict) -> tuple[str, .
 def plan(config: ml_collections.ConfigDict) -> list[tuple[str, str, ml_collections.ConfigDict]]:
     """`[(kind, part, study config)]` of `config`; every config error is raised here,
     naming its field."""
-    if int(config.seeds) < 1:
-        raise ValueError(f"config.seeds must be >= 1, got {config.seeds}.")
+    common.check_counts(config, {"seeds": 1, "first_seed": None})
     kinds = names(config.envs, "envs", "environment")
     for kind in kinds:
-        kind_of(kind)
+        try:
+            kind_of(kind)
+        except ValueError as error:
+            message = str(error).removeprefix("config.env.kind: ")
+            raise ValueError(f"config.envs: {message}") from None
         if kind not in config.kinds:
             raise ValueError(f"config.envs names {kind!r}, but config.kinds has no {kind!r}.")
     plans = []
@@ -123,11 +126,24 @@ def plan(config: ml_collections.ConfigDict) -> list[tuple[str, str, ml_collectio
             except ValueError as error:
                 raise ValueError(f"config.kinds.{kind} / config.{part}: {error}") from None
             plans.append((kind, part, part_config))
+    _check_credit_finding(config)
     for name, files in config.get("references", {}).items():
         for part in (p for p in PARTS if p in files):
             if not os.path.isfile(_path(files[part])):
                 raise ValueError(f"config.references.{name}.{part}: no file {files[part]!r}.")
     return plans
+
+
+def _check_credit_finding(config: ml_collections.ConfigDict) -> None:
+    """The credit finding reads one reward form and policy of the credit part: a pair it
+    does not measure would leave the finding empty."""
+    for field, listed in (("credit_reward", "rewards"), ("credit_policy", "policies")):
+        measured = names(config.credit[listed], f"credit.{listed}")
+        if config[field] not in measured:
+            raise ValueError(
+                f"config.{field} {config[field]!r} must be one of config.credit.{listed} "
+                f"({', '.join(measured)})."
+            )
 
 
 def load_references(config: ml_collections.ConfigDict) -> dict[str, dict[str, Any]]:

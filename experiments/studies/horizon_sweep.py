@@ -44,6 +44,7 @@ from experiments.studies.common import names
 from experiments.studies.envs import horizon_env
 from experiments.studies.envs import horizon_section
 from experiments.studies.envs import study_kind
+from experiments.studies.sections import make
 from rlagent.analysis import report
 from rlagent.analysis import stats
 from rlagent.host import loop
@@ -65,9 +66,8 @@ SAME_HORIZON = "same"
 
 def plan(config: ml_collections.ConfigDict) -> list[tuple[int, list[Run]]]:
     """The runs of every horizon, `[(h, runs)]`; every config error is raised here."""
+    common.check_counts(config, {**common.RUN_COUNTS, "slack": 0})
     horizons = ints(config.horizons, "horizons", "horizon")
-    if int(config.slack) < 0:
-        raise ValueError(f"config.slack must be >= 0, got {config.slack}.")
     kind = study_kind(config)
     envs = {h: _env_section(kind, h, config) for h in horizons}
     groups = common.prm_groups(config.conditions)
@@ -93,8 +93,12 @@ def plan(config: ml_collections.ConfigDict) -> list[tuple[int, list[Run]]]:
                 "baseline of the estimator comparison."
             )
         (estimator_group,) = [g for g in groups if config.estimator_reward in g.labels]
-    if int(config.warm_start.steps):
-        _demo_horizons(config, horizons[0])
+    if make(WarmStartConfig, config.warm_start, "warm_start").steps:
+        for horizon in _demo_horizons(config, horizons[0]):
+            try:  # a demonstration horizon it cannot build
+                horizon_section(kind, horizon, int(config.slack), config.get("env"))
+            except ValueError as error:
+                raise ValueError(f"config.warm_start_horizons: {error}") from None
     plans = []
     for horizon in horizons:
         env = envs[horizon]
@@ -104,6 +108,7 @@ def plan(config: ml_collections.ConfigDict) -> list[tuple[int, list[Run]]]:
                 fields = {"estimator": est.estimator, "lam": est.lam}
                 group = estimator_group
                 runs.append(_run(config, env, spec, group, [config.estimator_reward], fields))
+        common.check_runs(runs, config)
         plans.append((horizon, runs))
     return plans
 

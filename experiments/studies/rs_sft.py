@@ -63,6 +63,7 @@ def run(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Trains every (family, condition, seed) and writes the report into `workdir`."""
+    common.check_counts(config, common.RUN_COUNTS)
     families = common.names(config.envs, "envs", "task family")
     env_configs = {name: family_config(config, name) for name in families}  # errors first
     conditions(config)
@@ -86,19 +87,24 @@ def run(
     return summary
 
 
-def family_config(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
-    """The experiment config of task family `name`: `l<k>` sets `env.level`, `h<H>` every
-    env field to those of `horizon_config(H)`."""
+def family_config(
+    config: ml_collections.ConfigDict, name: str, field: str = "envs"
+) -> ml_collections.ConfigDict:
+    """The experiment config of task family `name` (an entry of `config.<field>`): `l<k>`
+    sets `env.level`, `h<H>` every env field to those of `horizon_config(H)`."""
     out = ml_collections.ConfigDict(config.to_dict())
     kind, number = name[:1], name[1:]
     if kind not in ("l", "h") or not number.isdigit():
-        raise ValueError(f"config.envs: {name!r} is neither 'l<level>' nor 'h<horizon>'.")
-    if kind == "l":
-        out.env.level = int(number)
-    else:
-        fields = dataclasses.asdict(horizon_config(int(number)))
-        out.env.update({k: (tuple(v) if isinstance(v, list) else v) for k, v in fields.items()})
-    common.build(out)  # a bad field is named now, before anything is trained.
+        raise ValueError(f"config.{field}: {name!r} is neither 'l<level>' nor 'h<horizon>'.")
+    try:
+        if kind == "l":
+            out.env.level = int(number)
+        else:
+            fields = dataclasses.asdict(horizon_config(int(number)))
+            out.env.update({k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+        common.build(out)  # a bad field is named now, before anything is trained.
+    except ValueError as error:
+        raise ValueError(f"config.{field}: {name!r}: {error}") from None
     return out
 
 

@@ -21,6 +21,7 @@ Writes shadow_log.jsonl, pairs.jsonl, v1_*/, summary.md, summary.json, provenanc
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from typing import Any
@@ -31,6 +32,7 @@ import ml_collections
 import numpy as np
 
 from experiments.studies import ab_test
+from experiments.studies.common import check_counts
 from experiments.studies.sections import make
 from rlagent.analysis.stats import format_interval
 from rlagent.analysis.stats import takeoff_rate
@@ -48,6 +50,10 @@ from rlagent.train.ppo import policy_graphdef
 
 # Root of the served tasks' keys: a stream neither training nor the held-out sets use.
 TRAFFIC_STREAM = 0x5AD0_7AFF
+# Counts of the config (`check_config`): rounds, tasks per round, episodes per task (DPO
+# ranks K >= 2 of one task), the seeds.
+COUNTS = {"rounds": 1, "tasks_per_round": 1, "samples": 2, "traffic_seed": None, "seed": None}
+JUDGES = ("outcome", "guardrail")  # rlagent.host.shadow.judge_scores
 LOG = "shadow_log.jsonl"
 PAIRS = "pairs.jsonl"
 
@@ -66,6 +72,7 @@ def run(
         raise ValueError("shadow needs the served policy: --policy=RUN_FOLDER[@STEP]")
     sft_config = make(WarmStartConfig, config.sft, "sft")
     dpo_config = DPOConfig.from_mapping(config.dpo)
+    check_config(config)
     start = time.time()
     served = ab_test.load_arm("v0", config.policy)
     prepare_workdir(workdir, overwrite=overwrite, resumable=False)
@@ -100,6 +107,17 @@ def run(
         workdir, provenance.finish({**record, "wall_s": round(time.time() - start, 1)})
     )
     return summary
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+    """Serving, judging and the A/B section's settings, refused naming the field before
+    anything is served or written."""
+    check_counts(config, COUNTS)
+    if config.judge not in JUDGES:
+        raise ValueError(f"config.judge must be one of {JUDGES}, got {config.judge!r}.")
+    if not math.isfinite(float(config.accept)):
+        raise ValueError(f"config.accept must be a finite score, got {config.accept!r}.")
+    ab_test.check_config(config.ab, "config.ab")
 
 
 def serve(arm: ab_test.Arm, config: ml_collections.ConfigDict, path: str) -> dict[str, Any]:

@@ -16,7 +16,6 @@ import ml_collections
 from experiments.studies import common
 from experiments.studies import envs
 from experiments.studies.common import Run
-from experiments.studies.common import names
 
 
 def reward_runs(config: ml_collections.ConfigDict) -> list[Run]:
@@ -25,7 +24,7 @@ def reward_runs(config: ml_collections.ConfigDict) -> list[Run]:
     They differ only in data (the reward weights), so they train side by side in one
     compiled program, every condition with every seed.
     """
-    return [Run("rewards", tuple(names(config.conditions)), config)]
+    return [Run("rewards", tuple(common.plain_forms(config.conditions)), config)]
 
 
 def guardrail_runs(config: ml_collections.ConfigDict) -> list[Run]:
@@ -34,7 +33,10 @@ def guardrail_runs(config: ml_collections.ConfigDict) -> list[Run]:
     penalise: a violation ends the episode and costs `violation_penalty` (1.0 unless set);
     mask: the sampler may only emit tokens the rules allow.
     """
-    reward = names(config.conditions)[0]
+    reward = common.plain_forms(config.conditions)[0]
+    if "guardrail" not in config.env:
+        kind = config.env.get("kind", "toolworld")
+        raise ValueError(f"--guardrail_sweep: config.env.kind {kind!r} has no guardrail field.")
     runs = []
     for mode in ("off", "penalise", "mask"):
         run_config = ml_collections.ConfigDict(config.to_dict())

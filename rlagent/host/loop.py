@@ -29,6 +29,9 @@ runner states, so a resumed run continues it exactly.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import csv
 import functools
 import os
 import shutil
@@ -67,15 +70,9 @@ from rlagent.train.rewards import check_forms
 from rlagent.train.rewards import reward_weights
 
 __all__ = [
-    "RESUMABLE_FIELDS",
-    "Diverged",
-    "RunError",
-    "checkpoint_manager",
-    "clear_compiled",
-    "resume_state",
-    "run",
-    "save_state",
-]
+    "RESUMABLE_FIELDS", "Diverged", "RunError", "check_arguments", "checkpoint_manager",
+    "clear_compiled", "quiet_closed_loops", "resume_state", "run", "save_state",
+]  # fmt: skip
 
 
 class Diverged(RunError):
@@ -128,7 +125,7 @@ def run(
     refuses another); `resume`, `overwrite`, `curriculum`, errors: the module docstring.
     """
     conditions = list(conditions) if conditions else [config.reward]
-    _check_arguments(config, env, rollout_config, seeds, conditions, prm=prm, probe=probe,
+    check_arguments(config, env, rollout_config, seeds, conditions, prm=prm, probe=probe,
                      chunk_size=chunk_size, resume=resume, overwrite=overwrite,
                      curriculum=curriculum)  # fmt: skip
     runs = [(condition, int(seed)) for condition in conditions for seed in seeds]
@@ -243,19 +240,20 @@ def _resume(manager, writer, state, runs, *, resume: bool):
     resuming (metric rows past it dropped), else a fresh start with an empty metrics.csv."""
     done = 0
     if resume and manager is not None:
-        done, state = _restore(manager, state, reach=_metrics_reach(writer.read(), runs))
+        done, state = _restore(manager, state, reach=_stored_reach(writer, runs))
     rows = writer.truncate(done) if done else []
     if not done:
         writer.clear()
     return done, state, rows
 
 
-def _check_arguments(
-    config, env, rollout_config, seeds, conditions, *, prm, probe, chunk_size, resume, overwrite,
-    curriculum=None,
+def check_arguments(
+    config, env, rollout_config, seeds, conditions, *, prm=PRMConfig(), probe=ProbeConfig(),
+    chunk_size=10, resume=False, overwrite=False, curriculum=None,
 ) -> None:  # fmt: skip
-    """Refuses bad arguments before anything is written (a reward form the env cannot
-    pay or without the PRM it reads, extras' configs that do not fit the run)."""
+    """Refuses bad arguments of `run` before anything is written (a reward form the env
+    cannot pay or without the PRM it reads, extras' configs that do not fit the run); a
+    study calls it before it writes its own folder."""
     if curriculum is not None and (prm.kind != "none" or probe.every):
         raise ValueError("curriculum= runs take no PRM and no credit probe.")
     if resume and overwrite:
@@ -357,6 +355,18 @@ def _train(
     return rows
 
 
+def _stored_reach(writer: MetricWriter, runs: list[tuple[str, int]]) -> int:
+    """`_metrics_reach` of the rows on disk; a metrics.csv that cannot be parsed (not
+    one cut short by a kill, which `MetricWriter.read` handles) is refused naming it."""
+    try:
+        return _metrics_reach(writer.read(), runs)
+    except (TypeError, ValueError, KeyError, csv.Error) as error:
+        raise RunError(
+            f"--resume: {writer.path} is damaged ({type(error).__name__}: "
+            f"{str(error)[:200]}); pass --overwrite to start the run again."
+        ) from None
+
+
 def _metrics_reach(rows: list[dict[str, Any]], runs: list[tuple[str, int]]) -> int:
     """The last update that every run has a metric row for (0 without rows)."""
     last = {}
@@ -391,7 +401,8 @@ def _restore(
             manager.reload()
             continue
         try:
-            restored = manager.restore(step, args=ocp.args.StandardRestore(state))
+            with quiet_closed_loops():
+                restored = manager.restore(step, args=ocp.args.StandardRestore(state))
         except Exception as error:  # noqa: BLE001 - any failure to read means a broken step.
             logging.warning(
                 "Checkpoint step %d in %s is unreadable (%s: %s); removing it and "
@@ -418,6 +429,42 @@ def _restore(
         "--resume: no readable checkpoint in %s; starting from scratch.", manager.directory
     )
     return 0, state
+
+
+class _QuietLoop(asyncio.SelectorEventLoop):
+    """An event loop that drops callbacks scheduled onto it after it closed."""
+
+    def call_soon_threadsafe(self, callback, *args, context=None):
+        try:
+            return super().call_soon_threadsafe(callback, *args, context=context)
+        except RuntimeError:
+            if self.is_closed():
+                return None  # a completion nobody awaits any more
+            raise
+
+
+class _QuietPolicy(asyncio.DefaultEventLoopPolicy):
+    def new_event_loop(self) -> asyncio.AbstractEventLoop:
+        return _QuietLoop()
+
+
+@contextlib.contextmanager
+def quiet_closed_loops():
+    """Event loops made inside drop callbacks that arrive after they closed.
+
+    Orbax runs every restore on a fresh event loop and closes it when the restore returns
+    or raises. When one array of a broken checkpoint fails to read, the restore raises
+    while TensorStore's reads of the other arrays are still in flight; as each finishes,
+    TensorStore's thread schedules its completion onto the closed loop, and every one
+    printed a 'RuntimeError: Event loop is closed' traceback (past sys.excepthook; a race,
+    so from none to hundreds per broken step). Those completions have no awaiter left.
+    """
+    previous = asyncio.get_event_loop_policy()
+    asyncio.set_event_loop_policy(_QuietPolicy())
+    try:
+        yield
+    finally:
+        asyncio.set_event_loop_policy(previous)
 
 
 def _save(manager: ocp.CheckpointManager, step: int, state: RunnerState | Curriculum) -> None:

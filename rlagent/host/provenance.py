@@ -72,11 +72,19 @@ def cpu_model() -> dict[str, Any]:
 
 
 def read(folder: str) -> dict[str, Any] | None:
+    """`<folder>/provenance.json` (None when absent); a file that is no JSON object is
+    refused naming it (ValueError)."""
     path = os.path.join(folder, FILENAME)
     if not os.path.exists(path):
         return None
     with open(path) as f:
-        return json.load(f)
+        try:
+            record = json.load(f)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} is not valid JSON ({error}); the folder is damaged") from None
+    if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
+        raise ValueError(f"{path} holds no resolved config; the folder is damaged")
+    return record
 
 
 def write(folder: str, provenance: Mapping[str, Any]) -> None:

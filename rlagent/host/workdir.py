@@ -61,6 +61,8 @@ def prepare_workdir(
     """
     if resume and overwrite:
         raise ValueError("resume and overwrite exclude each other.")
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise RunError(f"{workdir} is a file, not a folder; pass another --workdir.")
     entries = sorted(os.listdir(workdir)) if os.path.isdir(workdir) else []
     if resume:
         if not entries:

@@ -25,6 +25,7 @@ context in both rollout and teacher-forced scoring.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import NamedTuple
 
 import chex
@@ -105,6 +106,29 @@ class PolicyConfig:
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
                 "set head_dim explicitly"
+            )
+        if self.dim_per_head % 2:
+            raise ValueError(
+                f"PolicyConfig: the head width {self.dim_per_head} (head_dim, or d_model / "
+                "num_heads) must be even: RoPE rotates the two halves of every head"
+            )
+        self._check_numbers()
+
+    def _check_numbers(self):
+        """Dtype names JAX knows as floating point; a finite copy prior."""
+        for name in ("dtype", "param_dtype"):
+            try:
+                floating = jnp.issubdtype(jnp.dtype(getattr(self, name)), jnp.floating)
+            except TypeError:
+                floating = False
+            if not floating:
+                raise ValueError(
+                    f"PolicyConfig.{name} must name a floating-point dtype (e.g. 'float32', "
+                    f"'bfloat16'), got {getattr(self, name)!r}"
+                )
+        if self.copy_prior is not None and not math.isfinite(self.copy_prior):
+            raise ValueError(
+                f"PolicyConfig.copy_prior must be finite or None, got {self.copy_prior}"
             )
 
     def _check_rope_scaling(self):

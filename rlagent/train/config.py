@@ -14,6 +14,8 @@ reward model's (`rlagent.prm.config.PRMConfig`), the credit probe's
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -94,6 +96,7 @@ class TrainConfig:
     check_inputs: bool = False
 
     def __post_init__(self):
+        self._check_types()
         _check_choice("reward", self.reward, REWARDS)
         _check_choice("estimator", self.estimator, ESTIMATORS)
         _check_choice("kl_placement", self.kl_placement, KL_PLACEMENTS)
@@ -101,7 +104,7 @@ class TrainConfig:
         _check_choice("agg", self.agg, AGG_MODES)
         _check_choice("lr_schedule", self.lr_schedule, SCHEDULES)
         for name in ("num_updates", "num_groups", "group_size", "num_epochs", "num_minibatches"):
-            if int(getattr(self, name)) < 1:
+            if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}.")
         if self.batch_size % self.num_minibatches:
             raise ValueError(
@@ -118,8 +121,47 @@ class TrainConfig:
             raise ValueError("dialogue_weights must be (fluency, factuality, feedback).")
         if self.kl_target is not None and self.kl_placement == "none":
             raise ValueError("kl_target (adaptive KL) needs kl_placement 'reward' or 'loss'.")
-        if self.learning_rate <= 0 or self.clip_low <= 0 or self.clip_high <= 0:
-            raise ValueError("learning_rate, clip_low and clip_high must be positive.")
+        for name in ("learning_rate", "clip_low", "clip_high"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)!r}.")
+        self._check_ranges()
+
+    def _check_types(self):
+        """Counts are integers (2.5 updates would truncate), numbers are finite numbers."""
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name in _INTEGER_FIELDS:
+                if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+                    raise ValueError(f"TrainConfig.{field.name} must be an integer, got {value!r}.")
+            elif field.name in _REAL_FIELDS and value is not None:
+                values = value if isinstance(value, tuple) else (value,)
+                if not all(_is_real(v) and math.isfinite(v) for v in values):
+                    raise ValueError(
+                        f"TrainConfig.{field.name} must be a finite number, got {value!r}."
+                    )
+
+    def _check_ranges(self):
+        """Ranges of the loss, optimiser and reward settings (each refusal names its field)."""
+        bounds = {
+            "value_coef": self.value_coef >= 0,
+            "entropy_coef": self.entropy_coef >= 0,
+            "kl_coef": self.kl_coef >= 0,
+            "weight_decay": self.weight_decay >= 0,
+            "violation_penalty": self.violation_penalty >= 0,
+            "gigpo_omega": self.gigpo_omega >= 0,
+            "warmup_updates": 0 <= self.warmup_updates <= self.num_updates,
+            "max_grad_norm": self.max_grad_norm > 0,
+            "prm_temperature": self.prm_temperature > 0,
+            "kl_horizon": self.kl_horizon > 0,
+            "kl_target": self.kl_target is None or self.kl_target > 0,
+            "value_clip": self.value_clip is None or self.value_clip >= 0,
+            "dual_clip": self.dual_clip is None or self.dual_clip > 1,
+        }
+        for name, ok in bounds.items():
+            if not ok:
+                raise ValueError(
+                    f"TrainConfig.{name} must be {_RANGES[name]}, got {getattr(self, name)!r}."
+                )
 
     @property
     def batch_size(self) -> int:
@@ -139,6 +181,32 @@ class TrainConfig:
             if name in kwargs:
                 kwargs[name] = tuple(float(w) for w in kwargs[name])
         return cls(**kwargs)
+
+
+_INTEGER_FIELDS = (
+    "num_updates", "num_groups", "group_size", "num_epochs", "num_minibatches", "warmup_updates",
+)  # fmt: skip
+_REAL_FIELDS = (
+    "reward_weights", "dialogue_weights", "prm_temperature", "violation_penalty", "gamma", "lam",
+    "gigpo_omega", "clip_low", "clip_high", "dual_clip", "value_coef", "value_clip",
+    "entropy_coef", "kl_coef", "kl_target", "kl_horizon", "learning_rate", "weight_decay",
+    "max_grad_norm",
+)  # fmt: skip
+_NON_NEGATIVE = (
+    "value_coef", "entropy_coef", "kl_coef", "weight_decay", "violation_penalty", "gigpo_omega",
+)  # fmt: skip
+_RANGES = {
+    **dict.fromkeys(_NON_NEGATIVE, ">= 0"),
+    **dict.fromkeys(("max_grad_norm", "prm_temperature", "kl_horizon"), "> 0"),
+    "warmup_updates": "in [0, num_updates] (a longer warmup never reaches learning_rate)",
+    "kl_target": "> 0 or None",
+    "value_clip": ">= 0 or None (no value clipping)",
+    "dual_clip": "> 1 or None (dual-clip PPO bounds the loss at c > 1 times the advantage)",
+}
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def check_fields(cls: type, values: Mapping[str, Any]) -> None:

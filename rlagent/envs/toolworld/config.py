@@ -187,10 +187,16 @@ class ToolWorldConfig:
             self._fail("num_distractors", "num_intents + num_distractors must be <= num_orders")
         longest = 1 + self.num_intents * max(KIND_COST[k] for k in self.kind_ids)
         longest += self.num_distractors * KIND_COST[TaskKind.OFF_TOPIC]
+        # The shortest plan of the easiest task (BYE included): fewer turns solve nothing.
+        easiest = 1 + self.num_intents * min(KIND_COST[k] for k in self.kind_ids)
+        easiest += self.num_distractors * KIND_COST[TaskKind.OFF_TOPIC]
         if self.max_turns is None:
             object.__setattr__(self, "max_turns", longest + 2)
-        elif self.max_turns < 1:
-            self._fail("max_turns", "must be >= 1")
+        elif self.max_turns < easiest:
+            self._fail(
+                "max_turns", f"must be >= {easiest}, the shortest plan of the easiest task here "
+                "(no episode could succeed in fewer turns)",
+            )  # fmt: skip
 
     def _fill_verdict(self):
         """Verdict values left at None from the `verdict` preset, as floats."""
