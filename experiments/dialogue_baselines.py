@@ -28,9 +28,14 @@ from rlagent.envs.dialogue import unroll
 from rlagent.host import compile_cache
 from rlagent.host import provenance
 
-_EPISODES = flags.DEFINE_integer("episodes", 512, "dialogues per level and policy")
-_LEVELS = flags.DEFINE_string("levels", "1,2,3,4,5", "curriculum levels")
-_OUT = flags.DEFINE_string("out", None, "folder for baselines.md / baselines.json")
+# allow_override: tests import this module beside other launchers with these names.
+_EPISODES = flags.DEFINE_integer(
+    "episodes", 512, "dialogues per level and policy", allow_override=True
+)
+_LEVELS = flags.DEFINE_string("levels", "1,2,3,4,5", "curriculum levels", allow_override=True)
+_OUT = flags.DEFINE_string(
+    "out", None, "folder for baselines.md / baselines.json", allow_override=True
+)
 _CACHE_DIR = launch.define_cache_flag()
 
 

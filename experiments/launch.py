@@ -85,6 +85,8 @@ def config_value(launcher: LauncherFlags) -> Any:
     """The launcher's config; a `--config` file that cannot be loaded (missing, or failing
     on import) exits with a one-line error instead of config_flags' traceback."""
     config = launcher.config.value
+    if config is None:  # no config flag value (a caller that passes its own)
+        return config
     try:
         config.keys()  # a config that failed to load raises on first use
     except OSError as error:

@@ -33,10 +33,17 @@ from rlagent.envs.mastermind.differential import compare
 from rlagent.host import compile_cache
 from rlagent.host import provenance
 
-_GAMES = flags.DEFINE_integer("games", 10000, "Differential games per configuration.")
-_ORACLE_GAMES = flags.DEFINE_integer("oracle_games", 2000, "Oracle / random games per level.")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of the generated games.")
-_JSON_OUT = flags.DEFINE_string("json_out", None, "Write the results as JSON to this path.")
+_GAMES = flags.DEFINE_integer(
+    "games", 10000, "Differential games per configuration.", allow_override=True
+)
+_ORACLE_GAMES = flags.DEFINE_integer(
+    "oracle_games", 2000, "Oracle / random games per level.", allow_override=True
+)
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the generated games.", allow_override=True)
+# allow_override: tests import this module's checks beside other launchers with a json_out.
+_JSON_OUT = flags.DEFINE_string(
+    "json_out", None, "Write the results as JSON to this path.", allow_override=True
+)
 _CACHE_DIR = launch.define_cache_flag()
 LEVELS = ("v0", "hard", "extreme", "classic")
 
