@@ -46,6 +46,11 @@ def pytest_configure(config):
         os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix="rlagent-jax-cache-")
         os.environ[_OWNED] = str(os.getpid())
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+    # No size limit (jax's default): the launchers' 4 GiB bound turns on jax's LRU
+    # bookkeeping, whose evictions raced between the workers ("Error writing persistent
+    # compilation cache entry ... -atime: No such file") and cost recompiles; the
+    # folder is the session's and is deleted at its end.
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", "-1")
     compile_cache.enable_compilation_cache(os.environ[_CACHE_ENV])  # as the launchers do
 
 
