@@ -215,10 +215,9 @@ def run_and_report(
     """
     setups = check_runs(runs, config)  # config errors before anything is written.
     seeds = list(range(config.first_seed, config.first_seed + config.seeds))
-    prepare(workdir, config, resume=resume, overwrite=overwrite)
+    resuming = prepare(workdir, config, resume=resume, overwrite=overwrite)
     start = time.time()
-    record = provenance.collect(config.to_dict(), runs=[run.name for run in runs])
-    provenance.write(workdir, record)
+    record = start_record(workdir, resuming, config.to_dict(), runs=[run.name for run in runs])
     rows, diverged = [], []
     for run, setup in zip(runs, setups, strict=True):
         conditions = [label.split("/")[0] for label in run.conditions]
@@ -329,6 +328,17 @@ def prepare(
         workdir, resume=resume, overwrite=overwrite,
         config=provenance.resolved(**config.to_dict()), may_change=may_change, note=note,
     )  # fmt: skip
+
+
+def start_record(workdir: str, resuming: bool, config: Mapping[str, Any], **extra: Any) -> dict:
+    """The provenance of this process (`provenance.collect(config, **extra)`), written to
+    `workdir` now unless `resuming`: a resumed run keeps the record of the run it continues
+    until it finishes (when `provenance.finish` of this record replaces it), so a resume
+    that a later check refuses (a damaged run folder, say) changes nothing on disk."""
+    record = provenance.collect(config, **extra)
+    if not resuming:
+        provenance.write(workdir, record)
+    return record
 
 
 def unknown_override(config: ml_collections.ConfigDict, argv: Sequence[str]) -> str | None:

@@ -70,10 +70,9 @@ def run(
         [common.build(rs_sft.family_config(config, name, "stages")).env for name in stages],
         pad_progress=int(Progress.DONE),
     )
-    common.prepare(workdir, config, resume=resume, overwrite=overwrite)
+    resuming = common.prepare(workdir, config, resume=resume, overwrite=overwrite)
     start = time.time()
-    record = provenance.collect(config.to_dict(), schedules=schedules)
-    provenance.write(workdir, record)
+    record = common.start_record(workdir, resuming, config.to_dict(), schedules=schedules)
     seeds = list(range(config.first_seed, config.first_seed + config.seeds))
     rows = []
     for schedule in schedules:

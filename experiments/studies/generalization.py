@@ -73,14 +73,14 @@ def run(
     `envs` and the references.
     """
     plans = plan(config)  # config errors before anything is written
-    prepare_workdir(
+    resuming = prepare_workdir(
         workdir, resume=resume, overwrite=overwrite,
         config=provenance.resolved(**config.to_dict()), may_change=_may_change(workdir, config),
         note=f"only {', '.join(RESUMABLE)} and references may change on resume",
     )  # fmt: skip
     start = time.time()
-    record = provenance.collect(config.to_dict(), parts=[f"{k}/{p}" for k, p, _ in plans])
-    provenance.write(workdir, record)
+    parts = [f"{k}/{p}" for k, p, _ in plans]
+    record = common.start_record(workdir, resuming, config.to_dict(), parts=parts)
     summaries: dict[str, dict[str, Any]] = {}
     for kind, part, part_config in plans:
         folder = os.path.join(workdir, kind, part)

@@ -131,10 +131,11 @@ def run(
     if report_only:
         return write_report(workdir, config)
     plans = plan(config)
-    common.prepare(workdir, config, resume=resume, overwrite=overwrite)
+    resuming = common.prepare(workdir, config, resume=resume, overwrite=overwrite)
     start = time.time()
-    record = provenance.collect(config.to_dict(), horizons=[h for h, _ in plans])
-    provenance.write(workdir, record)
+    record = common.start_record(
+        workdir, resuming, config.to_dict(), horizons=[h for h, _ in plans]
+    )
     rows, diverged, warm = [], [], {}
     for horizon, runs in plans:
         demos = tuple(_demo_horizons(config, horizon))

@@ -69,10 +69,9 @@ def run(
     conditions(config)
     sft_config = make(WarmStartConfig, config.sft, "sft")
     rejection = make(RejectionConfig, config.rejection, "rejection")
-    common.prepare(workdir, config, resume=resume, overwrite=overwrite)
+    resuming = common.prepare(workdir, config, resume=resume, overwrite=overwrite)
     start = time.time()
-    record = provenance.collect(config.to_dict(), families=families)
-    provenance.write(workdir, record)
+    record = common.start_record(workdir, resuming, config.to_dict(), families=families)
     rows, heads = [], {}
     for name, family in env_configs.items():
         family_rows, heads[name] = _train_family(

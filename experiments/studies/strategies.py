@@ -111,8 +111,7 @@ def run(
         config=provenance.resolved(**config.to_dict()), note="nothing may change on resume",
     )  # fmt: skip
     start = time.time()
-    record = provenance.collect(config.to_dict())
-    provenance.write(workdir, record)
+    record = common.start_record(workdir, resume, config.to_dict())
     timings, rows = {}, []
     for name, part in (("ppo", _ppo_rows), ("online", _online_rows), ("offline", _offline_rows)):
         began = time.time()

@@ -14,6 +14,7 @@ from experiments.configs import sparse_vs_dense_full
 from experiments.studies import common
 from experiments.studies import sparse_vs_dense as study
 from rlagent.credit.probe import ProbeConfig
+from rlagent.host import loop
 from rlagent.prm import PRMConfig
 from rlagent.train.evaluation import EvalConfig
 
@@ -59,6 +60,27 @@ def test_main_experiment_writes_metrics_plot_and_tables(tmp_path):
     assert "held-out greedy success" in (tmp_path / "summary.md").read_text()
     assert (tmp_path / "summary.md").read_text().startswith("# tiny")
     assert list((tmp_path / "rewards" / "checkpoints").iterdir())
+
+
+def test_a_resume_refused_by_the_loop_leaves_the_study_provenance_untouched(
+    tmp_path, monkeypatch
+):
+    config, workdir = _tiny_config(), str(tmp_path)
+    runs = study.reward_runs(config)
+    resuming = common.prepare(workdir, config)  # a fresh folder: the run's start record
+    common.start_record(workdir, resuming, config.to_dict(), runs=[run.name for run in runs])
+    path = tmp_path / "provenance.json"
+    before = (path.read_bytes(), os.stat(path).st_mtime_ns)
+
+    def refuse(*args, **kwargs):  # e.g. a run folder whose metrics.csv is damaged
+        raise loop.RunError("rewards: metrics.csv is damaged")
+
+    monkeypatch.setattr(loop, "run", refuse)
+    with pytest.raises(loop.RunError, match="damaged"):
+        common.run_and_report(runs, config, workdir=workdir, title="tiny", resume=True,
+                              progress=False)  # fmt: skip
+    assert (path.read_bytes(), os.stat(path).st_mtime_ns) == before
+    assert os.listdir(workdir) == ["provenance.json"]
 
 
 def test_guardrail_runs_and_config_errors():
