@@ -62,9 +62,7 @@ def test_main_experiment_writes_metrics_plot_and_tables(tmp_path):
     assert list((tmp_path / "rewards" / "checkpoints").iterdir())
 
 
-def test_a_resume_refused_by_the_loop_leaves_the_study_provenance_untouched(
-    tmp_path, monkeypatch
-):
+def test_a_resume_refused_by_the_loop_leaves_the_study_provenance_untouched(tmp_path, monkeypatch):
     config, workdir = _tiny_config(), str(tmp_path)
     runs = study.reward_runs(config)
     resuming = common.prepare(workdir, config)  # a fresh folder: the run's start record
