@@ -149,8 +149,8 @@ def run(
         state, env = chunks.start(state, len(runs)), curriculum.eval_env  # env: evaluation's
     writer, manager = MetricWriter(workdir, tensorboard=tensorboard), None
     try:
-        manager = _checkpoint_manager(workdir) if checkpoint else None
-        done, state, rows = _resume(manager, writer, state, runs, resume=resume)
+        manager = checkpoint_manager(workdir) if checkpoint else None
+        done, state, rows = resume_state(manager, writer, state, runs, resume=resume)
         evaluate = _evaluator(trainer, env, rollout_config, evaluation)
         rows = _train(
             chunks, evaluate, state, done=done, rows=rows, runs=runs, config=config,
@@ -163,31 +163,6 @@ def run(
         writer.close()
         if manager is not None:
             manager.close()
-
-
-def checkpoint_manager(folder: str) -> ocp.CheckpointManager:
-    """The Orbax manager of `<folder>/checkpoints` as `run` keeps it (synchronous saves,
-    the newest two kept), for a study that trains a state pytree of its own chunk by
-    chunk and checkpoints it with `resume_state` and `save_state` as `run` does."""
-    return _checkpoint_manager(folder)
-
-
-def resume_state(
-    manager: ocp.CheckpointManager, writer: MetricWriter, state: Any,
-    runs: Sequence[tuple[str, int]], *, resume: bool,
-) -> tuple[int, Any, list[dict[str, Any]]]:  # fmt: skip
-    """`run`'s resume for any state pytree (`state`: the fresh one, also the template
-    restored into) whose metric rows in `writer` carry `condition`, `seed` and `update`:
-    `(updates done, state, rows kept)`, the newest readable checkpoint that every run's
-    rows reach (unreadable ones and those past the rows named and removed, rows past it
-    dropped); without `resume`, or without a checkpoint, `(0, state, [])` and an empty
-    metrics file."""
-    return _resume(manager, writer, state, list(runs), resume=resume)
-
-
-def save_state(manager: ocp.CheckpointManager, step: int, state: Any) -> None:
-    """Checkpoints `state` at `step` (`RunError` naming both when it cannot be written)."""
-    _save(manager, step, state)
 
 
 class Curriculum(NamedTuple):
@@ -235,12 +210,20 @@ class _CurriculumTrainer(NamedTuple):
         return Curriculum(runner, schedule, probs), metrics
 
 
-def _resume(manager, writer, state, runs, *, resume: bool):
-    """`(updates done, state, rows kept)`: the newest checkpoint the metrics reach when
-    resuming (metric rows past it dropped), else a fresh start with an empty metrics.csv."""
+def resume_state(
+    manager: ocp.CheckpointManager | None, writer: MetricWriter, state: Any,
+    runs: Sequence[tuple[str, int]], *, resume: bool,
+) -> tuple[int, Any, list[dict[str, Any]]]:  # fmt: skip
+    """`(updates done, state, rows kept)` for any state pytree (`state`: the fresh one, also
+    the template restored into) whose metric rows in `writer` carry `condition`, `seed` and
+    `update`: when resuming, the newest readable checkpoint that every run's rows reach
+    (unreadable ones and those past the rows named and removed, rows past it dropped);
+    else, or without a checkpoint, a fresh start with an empty metrics.csv. `run` resumes
+    through it, and so can a study that checkpoints a state of its own chunk by chunk
+    (`checkpoint_manager`, `save_state`)."""
     done = 0
     if resume and manager is not None:
-        done, state = _restore(manager, state, reach=_stored_reach(writer, runs))
+        done, state = _restore(manager, state, reach=_stored_reach(writer, list(runs)))
     rows = writer.truncate(done) if done else []
     if not done:
         writer.clear()
@@ -347,7 +330,7 @@ def _train(
                 raise Diverged(_divergence_message(metrics, diverged, done, runs, manager), rows)
             done += length
             if manager is not None:
-                _save(manager, done, state)
+                save_state(manager, done, state)
             bar.update(length)
             bar.set_postfix(success=f"{np.mean(metrics['success'][:, -1]):.2f}")
     finally:
@@ -467,7 +450,8 @@ def quiet_closed_loops():
         asyncio.set_event_loop_policy(previous)
 
 
-def _save(manager: ocp.CheckpointManager, step: int, state: RunnerState | Curriculum) -> None:
+def save_state(manager: ocp.CheckpointManager, step: int, state: Any) -> None:
+    """Checkpoints `state` at `step` (`RunError` naming both when it cannot be written)."""
     try:
         manager.save(step, args=ocp.args.StandardSave(state))
     except Exception as error:
@@ -588,9 +572,10 @@ def _raise_failed_checks(error, done: int, length: int, runs) -> None:
         )
 
 
-def _checkpoint_manager(workdir: str) -> ocp.CheckpointManager:
-    # Synchronous saves: the loop waits for each checkpoint anyway, and an error (a full
-    # or unwritable disk) is raised here instead of in a background thread.
+def checkpoint_manager(workdir: str) -> ocp.CheckpointManager:
+    """The Orbax manager of `<workdir>/checkpoints` (the newest two kept). Synchronous
+    saves: the loop waits for each checkpoint anyway, and an error (a full or unwritable
+    disk) is raised here instead of in a background thread."""
     return ocp.CheckpointManager(
         os.path.abspath(os.path.join(workdir, "checkpoints")),
         options=ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=False),

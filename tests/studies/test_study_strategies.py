@@ -65,13 +65,13 @@ def straight(tmp_path_factory):
 @pytest.fixture
 def saves(monkeypatch):
     """The (folder, step) of every checkpoint a group writes."""
-    written, save = [], loop._save
+    written, save = [], loop.save_state
 
     def spy(manager, step, state):
         written.append((os.path.basename(os.path.dirname(str(manager.directory))), step))
         save(manager, step, state)
 
-    monkeypatch.setattr(loop, "_save", spy)
+    monkeypatch.setattr(loop, "save_state", spy)
     return written
 
 
