@@ -50,7 +50,6 @@ from rlagent.train.config import REWARDS
 from rlagent.train.config import TrainConfig
 from rlagent.train.evaluation import EvalConfig
 from rlagent.train.ppo import make_train
-from rlagent.train.rewards import check_forms
 
 # The counts of a training study's config: seeds per condition, the first seed, updates per
 # jitted call.
@@ -258,10 +257,10 @@ def check_runs(runs: Sequence[Run], config: ml_collections.ConfigDict) -> list[S
     seeds = list(range(config.first_seed, config.first_seed + config.seeds))
     for run, setup in zip(runs, setups, strict=True):
         conditions = [label.split("/")[0] for label in run.conditions]
-        check_forms(setup.env, setup.train_config, conditions, "config.conditions")
         loop.check_arguments(
             setup.train_config, setup.env, setup.rollout_config, seeds, conditions,
             prm=setup.prm_config, probe=setup.probe_config, chunk_size=config.chunk_size,
+            field="config.conditions",
         )  # fmt: skip
     return setups
 

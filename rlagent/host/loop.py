@@ -232,11 +232,11 @@ def resume_state(
 
 def check_arguments(
     config, env, rollout_config, seeds, conditions, *, prm=PRMConfig(), probe=ProbeConfig(),
-    chunk_size=10, resume=False, overwrite=False, curriculum=None,
+    chunk_size=10, resume=False, overwrite=False, curriculum=None, field="condition",
 ) -> None:  # fmt: skip
     """Refuses bad arguments of `run` before anything is written (a reward form the env
     cannot pay or without the PRM it reads, extras' configs that do not fit the run); a
-    study calls it before it writes its own folder."""
+    study calls it before it writes its own folder, naming its config's `field`."""
     if curriculum is not None and (prm.kind != "none" or probe.every):
         raise ValueError("curriculum= runs take no PRM and no credit probe.")
     if resume and overwrite:
@@ -245,7 +245,7 @@ def check_arguments(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
     if not seeds:
         raise ValueError("seeds must name at least one seed.")
-    check_forms(env, config, conditions, "condition")
+    check_forms(env, config, conditions, field)
     for condition in conditions:
         if condition in LEARNED_REWARDS and prm.kind == "none":
             raise ValueError(
