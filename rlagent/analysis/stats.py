@@ -147,9 +147,10 @@ def format_mean_ci(estimate: Mapping[str, float] | None, digits: int = 2) -> str
     return f"{estimate['mean']:.{digits}f} ± {estimate['ci95']:.{digits}f}"
 
 
-def format_interval(estimate: Mapping[str, float]) -> str:
+def format_interval(estimate: Mapping[str, float], digits: int = 3) -> str:
     """`"value [low, high]"` of an interval estimate (`interval_estimates`' iqm / mean)."""
-    return f"{estimate['value']:.3f} [{estimate['low']:.3f}, {estimate['high']:.3f}]"
+    value, low, high = estimate["value"], estimate["low"], estimate["high"]
+    return f"{value:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
 def format_takeoff(takeoff: Mapping[str, Any]) -> str:
