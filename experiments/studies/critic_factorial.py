@@ -69,15 +69,13 @@ SIGN_FLIP_DRAWS = 100_000
 
 
 def critic_names(config: ml_collections.ConfigDict) -> list[str]:
-    """`config.critics` as names of `CRITICS`, `shared` first when present."""
+    """`config.critics` as names of `CRITICS`, in order."""
     critics = names(config.critics, "critics", "critic")
     unknown = [c for c in critics if c not in CRITICS]
     if unknown:
         raise ValueError(
             f"config.critics: unknown critic(s) {unknown}; choose from {', '.join(CRITICS)}."
         )
-    if len(set(critics)) != len(critics):
-        raise ValueError(f"config.critics names a critic twice: {config.critics!r}.")
     return critics
 
 
