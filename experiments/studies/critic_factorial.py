@@ -14,12 +14,15 @@ form and the horizon, with enough seeds for a real effect to reject:
   outcome) and horizons (`config.horizons`) as in the horizon sweep, with
   `train.estimator` and no estimator comparison.
 
-Each critic is one horizon sweep under `<workdir>/<critic>` (its own warm start per seed,
-identical between critics that share the model; `horizon_sweep.run`). The study then
-writes `factorial.csv` (one row per critic, horizon, reward form and seed),
+Horizons run in the order of `config.horizons`, every critic at one horizon before the
+next, each (critic, horizon) a one-horizon sweep in `<workdir>/<critic>/h<h>`
+(`horizon_sweep.run`; its own warm start per seed, identical between critics that share
+the model), so a study stopped early still reports every pair it finished. The study
+then writes `factorial.csv` (one row per critic, horizon, reward form and seed),
 `factorial.png`, `summary.md`, `summary.json` and `provenance.json` (`summarize`
-defines every number). Two comparison families are declared before any data (the
-seeds of a horizon and critic share their warm start, so every test pairs by seed):
+defines every number; `settings.missing` names the pairs not finished). Two comparison
+families are declared before any data (the seeds of a horizon and critic share their
+warm start, so every test pairs by seed):
 
 - `reward`: each reward form against the reference at its horizon and critic;
 - `critic`: each critic against `shared` at the same horizon and reward form.
@@ -90,16 +93,26 @@ def sweep_config(config: ml_collections.ConfigDict, critic: str) -> ml_collectio
     return ml_collections.ConfigDict(values)
 
 
-def plan(config: ml_collections.ConfigDict) -> list[tuple[str, ml_collections.ConfigDict]]:
-    """`[(critic, sweep config)]`; every config error (of any critic's sweep) is raised here."""
+def plan(config: ml_collections.ConfigDict) -> list[tuple[str, int, ml_collections.ConfigDict]]:
+    """`[(critic, horizon, one-horizon sweep config)]` in run order (horizon-major); every
+    config error (of any critic's sweep) is raised here."""
     if "critics" not in config:
         raise ValueError("config.critics is missing (e.g. 'shared,separate,normalized').")
+    critics = critic_names(config)
+    sweeps = {critic: sweep_config(config, critic) for critic in critics}
     plans = []
-    for critic in critic_names(config):
-        sweep = sweep_config(config, critic)
-        horizon_sweep.plan(sweep)
-        plans.append((critic, sweep))
-    return plans
+    for critic, sweep in sweeps.items():
+        for horizon, _ in horizon_sweep.plan(sweep):
+            one = ml_collections.ConfigDict(sweep.to_dict())
+            one.horizons = str(horizon)
+            plans.append((critic, horizon, one))
+    order = {h: i for i, h in enumerate(dict.fromkeys(h for _, h, _ in plans))}
+    return sorted(plans, key=lambda p: (order[p[1]], critics.index(p[0])))
+
+
+def sweep_dir(workdir: str, critic: str, horizon: int) -> str:
+    """The one-horizon sweep of `critic` at `horizon`."""
+    return os.path.join(workdir, critic, f"h{horizon:02d}")
 
 
 def run(
@@ -115,37 +128,38 @@ def run(
 
     A non-empty `workdir` needs `resume` (continue; the config must match the stored one)
     or `overwrite`. A diverged sweep is reported with the others and `loop.Diverged`
-    raised at the end. `report_only` only rewrites the report of a finished study.
+    raised at the end. `report_only` only rewrites the report from the sweeps finished so
+    far (`write_report`).
     """
     plans = plan(config)
     if report_only:
         return write_report(workdir, config)
     resuming = common.prepare(workdir, config, resume=resume, overwrite=overwrite)
     start = time.time()
-    record = common.start_record(workdir, resuming, config.to_dict(), critics=[c for c, _ in plans])
+    pairs = [f"{critic}/h{horizon}" for critic, horizon, _ in plans]
+    record = common.start_record(workdir, resuming, config.to_dict(), runs=pairs)
     diverged = []
-    for critic, sweep in plans:
-        print(f"[critic_factorial {time.time() - start:6.0f}s] critic {critic}", flush=True)
+    for critic, horizon, sweep in plans:
+        print(f"[critic_factorial {time.time() - start:6.0f}s] {critic}, h={horizon}", flush=True)
         try:
             horizon_sweep.run(
-                sweep, os.path.join(workdir, critic), resume=resume, overwrite=overwrite,
-                progress=progress,
+                sweep, sweep_dir(workdir, critic, horizon), resume=resume,
+                overwrite=overwrite, progress=progress,
             )  # fmt: skip
         except loop.Diverged as error:  # its rows are in its horizon.csv
-            diverged.append(f"{critic}: {error}")
-    rows = seed_rows(workdir, [c for c, _ in plans])
-    writer = MetricWriter(workdir, tensorboard=False, filename="factorial.csv")
-    writer.clear()
-    writer.write(rows)
+            diverged.append(f"{critic}, h={horizon}: {error}")
     summary = write_report(workdir, config)
     provenance.write(workdir, {**record, "wall_s": round(time.time() - start, 1)})
     if diverged:
-        raise loop.Diverged(" ".join(diverged), rows)
+        raise loop.Diverged(" ".join(diverged), [])
     return summary
 
 
-def seed_rows(workdir: str, critics: Sequence[str]) -> list[dict[str, Any]]:
-    """One row per critic, horizon, reward form and seed, from each critic's sweep.
+def seed_rows(
+    workdir: str, pairs: Sequence[tuple[str, int]]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """(one row per critic, horizon, reward form and seed, the `critic/h<h>` pairs of
+    `pairs` whose sweep has not finished), from each finished one-horizon sweep.
 
     From its `horizon.csv`: `success` (held-out sampled), `greedy_success`, `initial_success`
     and `gain` (success minus it). From the horizon's metrics.csv: `entropy` (policy
@@ -154,19 +168,18 @@ def seed_rows(workdir: str, critics: Sequence[str]) -> list[dict[str, Any]]:
     turns any run of that horizon reached across every critic; the last credit accuracy
     (`credit_spearman`, NaN where not measured).
     """
-    curves, horizon_rows = {}, []
-    for critic in critics:
-        folder = os.path.join(workdir, critic)
-        for row in MetricWriter(folder, tensorboard=False, filename="horizon.csv").read():
-            horizon_rows.append((critic, row))
-            horizon = int(row["horizon"])
-            if (critic, horizon) not in curves:
-                metrics = MetricWriter(
-                    os.path.join(folder, f"h{horizon:02d}"), tensorboard=False
-                ).read()
-                curves[(critic, horizon)] = report.seed_curves(metrics)
+    curves, horizon_rows, missing = {}, [], []
+    for critic, horizon in pairs:
+        folder = sweep_dir(workdir, critic, horizon)
+        rows = MetricWriter(folder, tensorboard=False, filename="horizon.csv").read()
+        if not rows:
+            missing.append(f"{critic}/h{horizon}")
+            continue
+        horizon_rows += [(critic, row) for row in rows]
+        metrics = MetricWriter(os.path.join(folder, f"h{horizon:02d}"), tensorboard=False).read()
+        curves[(critic, horizon)] = report.seed_curves(metrics)
     if not horizon_rows:
-        raise ValueError(f"{workdir}: no critic's sweep has written horizon.csv yet.")
+        raise ValueError(f"{workdir}: no critic's sweep has finished (no horizon.csv).")
     budgets: dict[int, float] = {}
     for (_, horizon), by_run in curves.items():
         reached = min(float(c[-1]["env_turns_total"]) for c in by_run.values())
@@ -200,15 +213,19 @@ def seed_rows(workdir: str, critics: Sequence[str]) -> list[dict[str, Any]]:
                 credit_spearman=float(row["credit_spearman_last"]),
             )  # fmt: skip
         )
-    return out
+    return out, missing
 
 
 def write_report(workdir: str, config: ml_collections.ConfigDict) -> dict[str, Any]:
-    """summary.md, summary.json and factorial.png from `<workdir>/factorial.csv`."""
-    rows = MetricWriter(workdir, tensorboard=False, filename="factorial.csv").read()
-    if not rows:
-        raise ValueError(f"{workdir}/factorial.csv holds no rows: the study has not finished.")
+    """factorial.csv from every finished sweep (`seed_rows`), then summary.md, summary.json
+    and factorial.png (also alone, on a study stopped early)."""
+    pairs = [(critic, horizon) for critic, horizon, _ in plan(config)]
+    rows, missing = seed_rows(workdir, pairs)
+    writer = MetricWriter(workdir, tensorboard=False, filename="factorial.csv")
+    writer.clear()
+    writer.write(rows)
     summary = summarize(rows, reference=names(config.conditions)[0])
+    summary["settings"]["missing"] = missing
     plot(summary, os.path.join(workdir, "factorial.png"))
     table = markdown(summary)
     with open(os.path.join(workdir, "summary.md"), "w") as f:
@@ -313,6 +330,8 @@ def markdown(summary: Mapping[str, Any]) -> str:
     horizons = sorted({int(h) for _, h, _ in keys})
     rewards = list(dict.fromkeys(r for _, _, r in keys))
     lines = ["# Critic factorial: reward form x critic x horizon", ""]
+    if settings.get("missing"):
+        lines += [f"Not finished (no rows): {', '.join(settings['missing'])}.", ""]
     tables = [
         ("held-out sampled success: mean [95% CI]", lambda e: _interval(e["success"])),
         ("held-out sampled success: IQM [95% CI]", lambda e: _interval(e["success_iqm"])),

@@ -18,11 +18,14 @@ from rlagent.analysis import stats
 from rlagent.host.writers import MetricWriter
 
 
-def test_default_plan_is_three_critics_of_one_sweep_each():
+def test_default_plan_runs_every_critic_at_one_horizon_before_the_next():
     config = default_config.get_config()
+    config.horizons = "12,5"
     plans = critic_factorial.plan(config)
-    assert [c for c, _ in plans] == ["shared", "separate", "normalized"]
-    sweeps = dict(plans)
+    critics = ["shared", "separate", "normalized"]
+    assert [(c, h) for c, h, _ in plans] == [(c, 12) for c in critics] + [(c, 5) for c in critics]
+    assert {p.horizons for _, _, p in plans} == {"12", "5"}
+    sweeps = {c: p for c, h, p in plans if h == 12}
     assert sweeps["shared"].model.value_head == "shared"
     assert not sweeps["shared"].train.normalize_returns
     assert sweeps["separate"].model.value_head == "separate"
@@ -30,7 +33,7 @@ def test_default_plan_is_three_critics_of_one_sweep_each():
     assert sweeps["normalized"].model.value_head == "shared"
     for sweep in sweeps.values():
         assert "critics" not in sweep and sweep.estimators == ""
-        assert sweep.seeds == 20 and sweep.horizons == "5,12,16"
+        assert sweep.seeds == 10
     assert "critics" in config  # the study's config is not changed by planning
 
 
@@ -56,7 +59,7 @@ def test_sweep_config_errors_surface_before_anything_runs():
 SEEDS = 6
 
 
-def _write_sweep(folder, horizon, successes, turns_per_update):
+def _write_sweep(workdir, critic, horizon, successes, turns_per_update):
     """A finished sweep's horizon.csv and h<h>/metrics.csv: per reward form, its held-out
     success per seed; training success climbs 0 -> 1 over 3 updates."""
     rows, metrics = [], []
@@ -91,6 +94,7 @@ def _write_sweep(folder, horizon, successes, turns_per_update):
                         env_turns_total=update * turns_per_update,
                     )  # fmt: skip
                 )
+    folder = critic_factorial.sweep_dir(str(workdir), critic, horizon)
     MetricWriter(folder, tensorboard=False, filename="horizon.csv").write(rows)
     MetricWriter(os.path.join(folder, f"h{horizon:02d}"), tensorboard=False).write(metrics)
 
@@ -99,9 +103,11 @@ def test_rows_and_families_on_hand_written_sweeps(tmp_path):
     outcome = np.linspace(0.6, 1.0, SEEDS)
     process_shared = outcome - np.array([0.3, 0.2, 0.4, 0.1, 0.3, 0.2])  # worse in every seed
     process_separate = outcome + np.array([0.0, 0.1, -0.1, 0.0, 0.05, -0.05])  # no difference
-    _write_sweep(tmp_path / "shared", 12, {"outcome": outcome, "process": process_shared}, 100)
-    _write_sweep(tmp_path / "separate", 12, {"outcome": outcome, "process": process_separate}, 80)
-    rows = critic_factorial.seed_rows(str(tmp_path), ["shared", "separate"])
+    _write_sweep(tmp_path, "shared", 12, {"outcome": outcome, "process": process_shared}, 100)
+    _write_sweep(tmp_path, "separate", 12, {"outcome": outcome, "process": process_separate}, 80)
+    pairs = [("shared", 12), ("separate", 12), ("shared", 5)]
+    rows, missing = critic_factorial.seed_rows(str(tmp_path), pairs)
+    assert missing == ["shared/h5"]
     assert len(rows) == 2 * 2 * SEEDS
     assert {r["turn_budget"] for r in rows} == {240.0}  # the smallest total of any run
     first = rows[0]
@@ -138,18 +144,21 @@ def test_rows_and_families_on_hand_written_sweeps(tmp_path):
     assert critic["separate|12|outcome"]["p_value"] == 1.0  # identical successes
     assert critic["separate|12|process"]["a"] == "shared|12|process"
 
-    MetricWriter(str(tmp_path), tensorboard=False, filename="factorial.csv").write(rows)
     config = default_config.get_config()
     config.critics = "shared,separate"
+    config.horizons = "12,5"
+    config.conditions = "outcome,process"
     written = critic_factorial.run(config, str(tmp_path), report_only=True)
+    assert written["settings"]["missing"] == ["shared/h5", "separate/h5"]
+    stored = MetricWriter(str(tmp_path), tensorboard=False, filename="factorial.csv").read()
+    assert len(stored) == len(rows)
     assert json.loads((tmp_path / "summary.json").read_text()) == json.loads(json.dumps(written))
     table = (tmp_path / "summary.md").read_text()
     assert "| process / shared / h=12 | outcome / shared / h=12 | 6 |" in table
+    assert "Not finished (no rows): shared/h5, separate/h5." in table
     assert os.path.getsize(tmp_path / "factorial.png") > 0
 
 
-def test_report_of_an_unfinished_study_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="no critic's sweep"):
-        critic_factorial.seed_rows(str(tmp_path), ["shared"])
-    with pytest.raises(ValueError, match="factorial.csv holds no rows"):
+def test_report_before_any_sweep_finished_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no critic's sweep has finished"):
         critic_factorial.run(default_config.get_config(), str(tmp_path), report_only=True)
