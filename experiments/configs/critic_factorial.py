@@ -15,7 +15,8 @@ per update, ~2x the 10-seed rate). What 10 paired seeds can resolve: the exact s
 test's smallest two-sided p is 2 / 2^10 = 0.002, so after Holm over a family's 18
 comparisons (3 horizons x 3 critics x 2 forms) the first rejection needs a difference
 with the same sign in all 10 seeds (18 x 0.002 = 0.035; with 9 of 10 the exact p is at
-least 0.021, x 18 > 0.05); intervals are the finding where the test cannot reject. `--config.seeds=20` is the full size.
+least 0.021, x 18 > 0.05); intervals are the finding where the test cannot reject.
+`--config.seeds=20` is the full size.
 Measured: see docs/horizon_sweep.md (the critic factorial section).
 """
 
