@@ -1,0 +1,62 @@
+"""experiments/configs/papers: every paper's config is accepted by its study, and sets
+the conditions its docstring names (docs/papers.md reads the runs they reproduce)."""
+
+import importlib
+
+import pytest
+
+from experiments.studies import common
+from experiments.studies import horizon_sweep
+from experiments.studies import sparse_vs_dense
+
+# paper -> (the study that runs it, what must be among its runs).
+PAPERS = {
+    "gigpo": ("horizon_sweep", {"process/grpo", "process/gigpo", "process/gae_turn"}),
+    "archer": (
+        "horizon_sweep",
+        {"process/gae_turn", "process/gae_token@0.9", "process/hierarchical"},
+    ),
+    "pure": (
+        "process_rewards",
+        {
+            f"{f}/prm={k}"
+            for f in ("learned_sum", "learned_min")
+            for k in ("completion", "progress", "implicit")
+        }
+        | {"outcome"},
+    ),  # fmt: skip
+    "pav": (
+        "process_rewards",
+        {"outcome", "learned_potential/prm=progress", "learned_sum/prm=progress"},
+    ),
+    "prime": (
+        "process_rewards",
+        {"outcome", "learned_sum/prm=implicit", "learned_potential/prm=implicit"},
+    ),
+    "math_shepherd": ("process_rewards", {"outcome"}),
+    "potential_shaping": ("sparse_vs_dense", {"outcome", "potential"}),
+}
+
+
+def _labels(study, config):
+    if study == "horizon_sweep":
+        return {
+            label for _, runs in horizon_sweep.plan(config) for r in runs for label in r.conditions
+        }
+    runs = (
+        common.prm_runs(config)
+        if study == "process_rewards"
+        else sparse_vs_dense.reward_runs(config)
+    )
+    common.check_runs(runs, config)
+    return {label for r in runs for label in r.conditions}
+
+
+@pytest.mark.parametrize("paper", sorted(PAPERS))
+def test_paper_config_plans_its_conditions(paper):
+    study, expected = PAPERS[paper]
+    module = importlib.import_module(f"experiments.configs.papers.{paper}")
+    assert f"python -m experiments.{study} --config=experiments/configs/papers/{paper}.py" in (
+        " ".join(module.__doc__.split()).replace("\\ ", "")
+    )
+    assert _labels(study, module.get_config()) == expected
