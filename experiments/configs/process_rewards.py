@@ -4,7 +4,8 @@ Usage:
   python -m experiments.process_rewards --workdir=runs/process_rewards
   python -m experiments.process_rewards --config.seeds=2 --config.train.num_updates=20
 
-Sized for the 2-core CPU (about 20 minutes in all: the label study, then every PRM kind's
+Sized for the 2-core CPU (about 20 minutes in all before the epsilon = 0 anchor and the
+held-out evaluation were added, not remeasured since: the label study, then every PRM kind's
 PPO run); experiments/configs/process_rewards_accel.py is the accelerator's size. The
 `env`, `model`, `rollout` and `train` sections are the main experiment's
 (experiments/configs/sparse_vs_dense.py), so conditions compare with its results.
@@ -34,13 +35,19 @@ def get_config() -> ml_collections.ConfigDict:
     # (each verdict label flipped with probability eps). Conditions of one PRM kind (and
     # noise) share one compiled program; learned_* forms need a PRM.
     # The noisy oracle in all three forms (data of one program per noise level).
+    # epsilon = 0 is the noisy oracle's own anchor: the oracle's labels, scored as the
+    # noisy ones are (binary, neutral steps 1/2).
     config.conditions = conditions(
-        ("completion", "progress", "implicit"), (0.1, 0.25, 0.4), noise_forms=FORMS
+        ("completion", "progress", "implicit"), (0.0, 0.1, 0.25, 0.4), noise_forms=FORMS
     )
     config.seeds = 5
     config.chunk_size = 10
     config.train.num_updates = 100
-    # PRM settings (rlagent.prm.PRMConfig fields; `kind` and `noise` are set per condition).
+    # Held-out evaluation after the last update (64 fixed episodes, sampled and greedy).
+    config.eval.every = config.train.num_updates
+    # PRM settings (rlagent.prm.PRMConfig fields; `kind` and `noise` are set per condition;
+    # `prover_epsilon`, the oracle's share of the PAV prover's continuations, is 0.5 by
+    # default: --config.prm.prover_epsilon=0 makes the prover the policy alone).
     config.prm.label_episodes = 8  # of the 64 episodes per update, labelled by MC.
     config.prm.label_samples = 4  # N continuations per label.
 
