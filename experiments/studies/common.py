@@ -27,6 +27,7 @@ import jax
 import ml_collections
 from flax import nnx
 
+from experiments.studies.envs import KINDS as ENV_KINDS
 from experiments.studies.envs import make_env
 from experiments.studies.sections import make
 from experiments.studies.sections import section
@@ -353,7 +354,14 @@ def unknown_override(config: ml_collections.ConfigDict, argv: Sequence[str]) -> 
                 known = (
                     ", ".join(sorted(node)) if isinstance(node, ml_collections.ConfigDict) else ""
                 )
-                return f"Unknown config field {where}.{name}; {where} has: {known}."
+                hint = ""
+                if where == "config.env" and name == "kind":  # ToolWorld's section has none
+                    hint = (
+                        " The environment is the config file's: pass a --config whose env "
+                        "section is experiments.studies.envs.env_section('<kind>') (kinds: "
+                        f"{', '.join(ENV_KINDS)})."
+                    )
+                return f"Unknown config field {where}.{name}; {where} has: {known}.{hint}"
             node = node[name]
     return None
 

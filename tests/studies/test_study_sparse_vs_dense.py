@@ -119,6 +119,9 @@ def test_the_extras_sections_build_their_typed_configs():
     # The old TrainConfig spellings are no fields any more.
     message = common.unknown_override(config, ["--config.train.credit_every=2"])
     assert message.startswith("Unknown config field config.train.credit_every")
+    # ToolWorld's section has no kind: the message says where environments are chosen.
+    message = common.unknown_override(config, ["--config.env.kind=mastermind"])
+    assert "env_section('<kind>')" in message and "mastermind" in message
     config.probe.episodes = 65  # above the 64 episodes of a batch
     with pytest.raises(ValueError, match=r"ProbeConfig.episodes .*batch_size=64"):
         common.build(config)
