@@ -8,6 +8,7 @@ vmapped `lax.scan` of `env.step`, and every timestep, and the JAX oracle's actio
 visited state, must equal the reference's.
 """
 
+import dataclasses
 import functools
 import random
 
@@ -16,15 +17,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlagent.envs.mastermind import Mastermind
 from rlagent.envs.toolworld import Command
 from rlagent.envs.toolworld import Signals
 from rlagent.envs.toolworld import StepType
 from rlagent.envs.toolworld import ToolWorld
 from rlagent.envs.toolworld import ToolWorldConfig
 from rlagent.envs.toolworld import dsl
+from rlagent.envs.toolworld import generator
 from rlagent.envs.toolworld import oracle_policy
 from rlagent.envs.toolworld import random_policy
 from rlagent.envs.toolworld.reference import ReferenceToolWorld
+from rlagent.rollout import RolloutConfig
+from rlagent.train import evaluation
 
 CASES = {
     # name: (config, number of episodes); 2000 episodes in all, every verdict preset.
@@ -202,3 +207,55 @@ def test_random_policy_with_rule_mask():
     assert (commands != Command.MALFORMED).all()
     # Rule-guarded commands are still sampled when they are safe.
     assert np.isin([Command.REFUND, Command.CANCEL_ORDER, Command.CHANGE_ADDRESS], commands).all()
+
+
+@pytest.mark.parametrize("level", [1, 4])
+def test_task_split_holds_out_cells_and_the_reference_agrees(level):
+    """`task_split`: train episodes hold no held-out cell, held-out episodes at least one,
+    in JAX and in the reference; the JAX hash equals the reference's on every cell; the
+    quarter held out is about a quarter."""
+    base = ToolWorldConfig(level=level)
+    reference = ReferenceToolWorld(base)
+    n, i, a = base.num_orders, base.num_items, base.num_addresses
+    kinds = np.array([int(k) for k in base.kind_ids])
+    grid = np.stack(np.meshgrid(kinds, np.arange(n), np.arange(i), np.arange(a), indexing="ij"))
+    cells = grid.reshape(4, -1)
+    jax_held = np.asarray(generator.heldout_cells(base, *cells))
+    ref_held = [reference.heldout_cell(*(int(v) for v in c)) for c in cells.T]
+    np.testing.assert_array_equal(jax_held, ref_held)
+    assert 0.2 < jax_held.mean() < 0.3
+
+    keys = jax.random.split(jax.random.PRNGKey(level), 256)
+    plain = jax.vmap(ToolWorld(base).reset)(keys)[0]
+    assert 0 < np.mean(jax.vmap(lambda s: generator.episode_heldout(base, s))(plain)) < 1
+    for split, want in (("train", False), ("heldout", True)):
+        config = dataclasses.replace(base, task_split=split)
+        states = jax.jit(jax.vmap(ToolWorld(config).reset))(keys)[0]
+        flags = np.asarray(jax.vmap(lambda s, c=config: generator.episode_heldout(c, s))(states))
+        assert (flags == want).all(), split
+        for b in range(0, 256, 32):  # the reference reads the same cells off the JAX state
+            one = jax.tree.map(lambda x, b=b: x[b], states)
+            assert ReferenceToolWorld(config).episode_heldout(reference.load(one)) == want
+        rng = random.Random(level)
+        twin = ReferenceToolWorld(config)
+        assert all(twin.episode_heldout(twin.reset(rng)) == want for _ in range(200))
+    with pytest.raises(ValueError, match="task_split"):
+        ToolWorldConfig(task_split="test")
+
+
+def test_heldout_evaluation_plays_the_heldout_env(monkeypatch):
+    """EvalConfig.tasks='heldout' evaluates on `heldout_env()`; refused where training could
+    draw the held-out tasks or the environment has no split."""
+    rollout, played = RolloutConfig(), []
+    monkeypatch.setattr(evaluation, "make_rollout", lambda env, *_: played.append(env))
+    train = ToolWorld(ToolWorldConfig(level=2, task_split="train"))
+    evaluation.make_evaluate(train, None, rollout, num_episodes=4, tasks="heldout")
+    assert [env.config.task_split for env in played] == ["heldout", "heldout"]
+    evaluation.make_evaluate(train, None, rollout, num_episodes=4)  # 'same': the training env
+    assert played[-1] is train
+    with pytest.raises(ValueError, match="task_split='train'"):
+        evaluation.make_evaluate(ToolWorld(), None, rollout, num_episodes=4, tasks="heldout")
+    with pytest.raises(ValueError, match="no train / held-out split"):
+        evaluation.make_evaluate(Mastermind(), None, rollout, num_episodes=4, tasks="heldout")
+    with pytest.raises(ValueError, match="EvalConfig.tasks"):
+        evaluation.EvalConfig(tasks="test")

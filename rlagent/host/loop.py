@@ -525,8 +525,9 @@ def _evaluator(trainer: Trainer, env, rollout_config, evaluation: EvalConfig):
     if not evaluation.every:
         return None
     evaluate = make_evaluate(
-        env, trainer.graphdef, rollout_config, num_episodes=evaluation.episodes
-    )
+        env, trainer.graphdef, rollout_config, num_episodes=evaluation.episodes,
+        tasks=evaluation.tasks,
+    )  # fmt: skip
     return jax.jit(jax.vmap(evaluate))
 
 

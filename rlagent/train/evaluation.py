@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rlagent.envs.base import env_name
 from rlagent.rollout import RolloutConfig
 from rlagent.rollout import make_rollout
 from rlagent.train.config import check_fields
@@ -34,6 +35,7 @@ from rlagent.train.ppo import episode_metrics
 EVAL_STREAM = 0x5EED_E7A1
 # Metrics of `episode_metrics` reported for evaluation episodes.
 EVAL_METRICS = ("success", "turns", "violation_rate", "turns_over_plan", "collapse_rate")
+EVAL_TASKS = ("same", "heldout")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,10 +46,15 @@ class EvalConfig:
 
     every: int = 0
     episodes: int = 64
+    # 'same': keys of the training distribution; 'heldout': tasks training never draws
+    # (the environment's `heldout_env()`, e.g. ToolWorld with task_split='train').
+    tasks: str = "same"
 
     def __post_init__(self):
         if int(self.every) < 0:
             raise ValueError(f"EvalConfig.every must be >= 0, got {self.every}.")
+        if self.tasks not in EVAL_TASKS:
+            raise ValueError(f"EvalConfig.tasks must be one of {EVAL_TASKS}, got {self.tasks!r}.")
         if int(self.episodes) < 1:
             raise ValueError(f"EvalConfig.episodes must be >= 1, got {self.episodes}.")
 
@@ -74,6 +81,7 @@ def make_evaluate(
     *,
     num_episodes: int,
     seed: int = 0,
+    tasks: str = "same",
 ) -> Callable[[nnx.State], dict[str, jax.Array]]:
     """Builds `evaluate(params) -> {"eval_sampled_<m>", "eval_greedy_<m>": [] float32}`.
 
@@ -84,10 +92,21 @@ def make_evaluate(
         temperature by 0 and keeps everything else (window, constrained decoding).
       num_episodes: evaluation episodes per pass.
       seed: which held-out set (`eval_keys`).
+      tasks: 'same' (the training env on held-out keys) or 'heldout' (its
+        `heldout_env()`: tasks training never draws; refused without one).
     Returns:
       A pure function of the parameters; `jax.jit(jax.vmap(evaluate))` evaluates a batch
       of runs. Metrics are those of `EVAL_METRICS` present in `episode_metrics`.
     """
+    if tasks not in EVAL_TASKS:
+        raise ValueError(f"tasks must be one of {EVAL_TASKS}, got {tasks!r}.")
+    if tasks == "heldout":
+        if not callable(getattr(env, "heldout_env", None)):
+            raise ValueError(
+                f"held-out tasks need an environment with heldout_env(); {env_name(env)} has "
+                "no train / held-out split."
+            )
+        env = env.heldout_env()
     env_keys, policy_keys = eval_keys(num_episodes, seed)
     passes = {
         "sampled": make_rollout(env, graphdef, rollout_config),

@@ -70,6 +70,7 @@ episode or not (termination), and build what the agent reads next (observation).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -179,6 +180,16 @@ class ToolWorld:
             "violations": jnp.mean(violations),
             "violation_rate": jnp.mean(violations > 0),
         }
+
+    def heldout_env(self) -> ToolWorld:
+        """This ToolWorld drawing only held-out tasks (`task_split='heldout'`); the training
+        env must draw none of them (`task_split='train'`)."""
+        if self.config.task_split != "train":
+            raise ValueError(
+                "held-out tasks need a training environment that never draws them: set "
+                f"ToolWorldConfig.task_split='train' (got {self.config.task_split!r})."
+            )
+        return ToolWorld(dataclasses.replace(self.config, task_split="heldout"))
 
     def observe(self, state: State) -> Observation:
         """What the agent reads before the next turn from `state` (as the last timestep's)."""

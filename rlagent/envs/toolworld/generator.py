@@ -12,6 +12,13 @@
     address differs from the current one.
 
 Random numbers come from `_Draws`, a counter-based hash seeded by one threefry draw.
+
+Held-out tasks (`ToolWorldConfig.task_split`): a task's *cell* is its intent kind, its
+order, that order's item and the requested address; `heldout_cells` holds out a fixed
+pseudo-random quarter of the cells (a hash of the cell index). With `task_split='train'`
+an episode is redrawn (from `fold_in(key, attempt)`) until none of its intent tasks has
+a held-out cell, with `'heldout'` until at least one has, so no held-out combination is
+ever trained on; `'all'` draws once, as before.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import numpy as np
 
 from rlagent.envs.toolworld import dsl
 from rlagent.envs.toolworld import messages
+from rlagent.envs.toolworld.config import HELDOUT_MOD
+from rlagent.envs.toolworld.config import HELDOUT_SALT
 from rlagent.envs.toolworld.config import KIND_COST
 from rlagent.envs.toolworld.config import ToolWorldConfig
 from rlagent.envs.toolworld.types import Progress
@@ -48,13 +57,54 @@ class _Tasks(NamedTuple):
     exchange_items: jax.Array  # [I] int32: a permutation, the items of exchange tasks.
 
 
+# Redraws of a split episode before giving up: P(no fit) <= (3/4)^256 < 1e-31 per episode.
+MAX_SPLIT_ATTEMPTS = 256
+
+
 def generate(config: ToolWorldConfig, key: jax.Array) -> State:
     """A fresh episode's state: sampled world and tasks, the first task pending.
 
     Args:
-      config: the environment config.
-      key: a PRNG key (raw `[2]` uint32 or typed), kept in the state.
+      config: the environment config (`task_split` other than 'all': redrawn until the
+        episode is of its split, module docstring).
+      key: a PRNG key (raw `[2]` uint32 or typed), kept in the state (with a split, the
+        key of the draw that fit).
     """
+    if config.task_split == "all":
+        return _generate(config, key)
+    want = config.task_split == "heldout"
+
+    def unfit(carry):
+        attempt, state = carry
+        return (episode_heldout(config, state) != want) & (attempt < MAX_SPLIT_ATTEMPTS)
+
+    def redraw(carry):
+        attempt, _ = carry
+        return attempt + 1, _generate(config, jax.random.fold_in(key, attempt + 1))
+
+    _, state = jax.lax.while_loop(unfit, redraw, (jnp.int32(0), _generate(config, key)))
+    return state
+
+
+def heldout_cells(
+    config: ToolWorldConfig, kind: jax.Array, order: jax.Array, item: jax.Array, address
+) -> jax.Array:
+    """Whether each task cell (kind, order, item of the order, requested address) is held
+    out: `fmix32(cell index + HELDOUT_SALT) % HELDOUT_MOD == 0` (same shapes as the args)."""
+    n, i, a = config.num_orders, config.num_items, config.num_addresses
+    cell = ((jnp.asarray(kind) * n + order) * i + item) * a + address
+    return _fmix32(cell.astype(jnp.uint32) + jnp.uint32(HELDOUT_SALT)) % HELDOUT_MOD == 0
+
+
+def episode_heldout(config: ToolWorldConfig, state: State) -> jax.Array:
+    """[] bool: some intent task of the episode (distractors excluded) has a held-out cell."""
+    item = state.item[state.task_order]
+    held = heldout_cells(config, state.task_kind, state.task_order, item, state.task_address)
+    return jnp.any(held & (state.task_kind != TaskKind.OFF_TOPIC))
+
+
+def _generate(config: ToolWorldConfig, key: jax.Array) -> State:
+    """One draw of an episode from `key` (`generate` without the split)."""
     n, i, k = config.num_orders, config.num_items, config.num_tasks
     draws = _Draws(key, 5 * n + 3 * i + 9 * k + config.num_intents)
     # The order of the draws below fixes the episode of a key: keep it.

@@ -15,6 +15,8 @@ import random
 import numpy as np
 
 from rlagent.envs.toolworld import dsl
+from rlagent.envs.toolworld.config import HELDOUT_MOD
+from rlagent.envs.toolworld.config import HELDOUT_SALT
 from rlagent.envs.toolworld.config import KIND_COST
 from rlagent.envs.toolworld.config import ToolWorldConfig
 from rlagent.envs.toolworld.dsl import Command
@@ -100,7 +102,33 @@ class ReferenceToolWorld:
         return RefState(**values)
 
     def reset(self, rng: random.Random) -> RefState:
-        """Samples a world and a task queue (same distribution as `ToolWorld.reset`)."""
+        """Samples a world and a task queue (same distribution as `ToolWorld.reset`); with
+        a `task_split`, redraws until the episode is of its split."""
+        state = self._draw(rng)
+        if self.config.task_split != "all":
+            want = self.config.task_split == "heldout"
+            while self.episode_heldout(state) != want:
+                state = self._draw(rng)
+        return state
+
+    def heldout_cell(self, kind: int, order: int, item: int, address: int) -> bool:
+        """Whether a task cell is held out (`generator.heldout_cells`, in plain integers)."""
+        cfg = self.config
+        cell = ((int(kind) * cfg.num_orders + order) * cfg.num_items + item) * cfg.num_addresses
+        return _fmix32((cell + address + HELDOUT_SALT) & 0xFFFFFFFF) % HELDOUT_MOD == 0
+
+    def episode_heldout(self, state: RefState) -> bool:
+        """Some intent task (not a distractor) of the episode has a held-out cell."""
+        return any(
+            kind != TaskKind.OFF_TOPIC
+            and self.heldout_cell(kind, order, state.item[order], address)
+            for kind, order, address in zip(
+                state.task_kind, state.task_order, state.task_address, strict=True
+            )
+        )
+
+    def _draw(self, rng: random.Random) -> RefState:
+        """One draw of an episode (`reset` without the split)."""
         cfg = self.config
         n, i, a = cfg.num_orders, cfg.num_items, cfg.num_addresses
         item = [rng.randrange(i) for _ in range(n)]
@@ -512,3 +540,12 @@ def _zero_signals() -> Signals:
         accuracy=0.0,
         user_feedback=0.0,
     )
+
+
+def _fmix32(x: int) -> int:
+    """murmur3's 32-bit finaliser on a Python int (generator._fmix32's twin)."""
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & 0xFFFFFFFF
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & 0xFFFFFFFF
+    return x ^ (x >> 16)
