@@ -67,6 +67,8 @@ CRITICS: dict[str, dict[str, dict[str, Any]]] = {
 REFERENCE_CRITIC = "shared"
 # Per-seed values of factorial.csv that the summary gives an interval for.
 METRICS = ("success", "greedy_success", "gain", "auc_turns", "entropy", "env_turns")
+# Credit-accuracy scores of the probe kept per seed (horizon_sweep.CREDIT_METRICS).
+CREDIT = ("spearman", "sign_agreement")
 # Random sign vectors of the sign-flip test (p-values >= 1 / (draws + 1), about 1e-5).
 SIGN_FLIP_DRAWS = 100_000
 
@@ -166,7 +168,8 @@ def seed_rows(
     entropy of the last training batch), `env_turns` (turns played in training), and
     `auc_turns`, the AUC of training success over `turn_budget`, the smallest total of
     turns any run of that horizon reached across every critic; the last credit accuracy
-    (`credit_spearman`, NaN where not measured).
+    and sign agreement of the trained estimator's credit with Monte-Carlo advantages at the
+    first and the last probe (`credit_<m>_first` / `_last`, NaN where not measured).
     """
     curves, horizon_rows, missing = {}, [], []
     for critic, horizon in pairs:
@@ -210,7 +213,11 @@ def seed_rows(
                 env_turns=float(row["env_turns"]),
                 auc_turns=auc,
                 turn_budget=budgets[horizon],
-                credit_spearman=float(row["credit_spearman_last"]),
+                **{
+                    f"credit_{m}_{when}": float(row[f"credit_{m}_{when}"])
+                    for m in CREDIT
+                    for when in ("first", "last")
+                },
             )  # fmt: skip
         )
     return out, missing
@@ -264,9 +271,10 @@ def summarize(
         entry["success_iqm"] = stats.interval_estimates({"x": success}, reps=reps)["x"]["iqm"]
         entry["takeoff"] = stats.takeoff_rate(success, 0.5)
         entry["initial_success"] = float(np.mean([float(r["initial_success"]) for r in seeds]))
-        credit = stats.finite_mean_ci([float(r["credit_spearman"]) for r in seeds])
-        if credit is not None:
-            entry["credit_spearman"] = credit
+        for name in (f"credit_{m}_{when}" for m in CREDIT for when in ("first", "last")):
+            credit = stats.finite_mean_ci([float(r[name]) for r in seeds])
+            if credit is not None:
+                entry[name] = credit
         entry["per_seed"] = {
             "seed": [int(r["seed"]) for r in seeds],
             "success": success,
@@ -344,8 +352,10 @@ def markdown(summary: Mapping[str, Any]) -> str:
         ("AUC of training success at equal environment turns: mean [95% CI]",
          lambda e: _interval(e["auc_turns"])),
         ("environment turns played in training (mean)", lambda e: f"{e['env_turns']['value']:.0f}"),
-        ("credit accuracy of the trained estimator, last probe (Spearman vs MC): mean ± 95% CI",
-         lambda e: stats.format_mean_ci(e.get("credit_spearman"))),
+        ("credit accuracy of the trained critic's turn GAE (Spearman with MC advantages), first "
+         "probe -> last probe: mean ± 95% CI", lambda e: _credit(e, "spearman")),
+        ("sign agreement of that credit with MC advantages (|A| > 2 SE), first -> last probe",
+         lambda e: _credit(e, "sign_agreement")),
     ]  # fmt: skip
     for title, show in tables:
         lines += [f"### {title}", "", "| reward / critic | " + " | ".join(
@@ -423,6 +433,11 @@ def plot(summary: Mapping[str, Any], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _credit(entry: Mapping[str, Any], metric: str) -> str:
+    first, last = (entry.get(f"credit_{metric}_{when}") for when in ("first", "last"))
+    return f"{stats.format_mean_ci(first)} -> {stats.format_mean_ci(last)}"
 
 
 def _cell_name(key: str) -> str:

@@ -6,6 +6,7 @@ checked against NumPy without training anything.
 """
 
 import json
+import math
 import os
 
 import numpy as np
@@ -80,7 +81,10 @@ def _write_sweep(workdir, critic, horizon, successes, turns_per_update):
                     eval_sampled_success=success,
                     eval_greedy_success=1.0 - success,
                     auc=0.5,
+                    credit_spearman_first=0.0,
                     credit_spearman_last=float(seed) / 10,
+                    credit_sign_agreement_first=math.nan,
+                    credit_sign_agreement_last=math.nan,
                 )  # fmt: skip
             )
             for update in (1, 2, 3):
@@ -128,7 +132,9 @@ def test_rows_and_families_on_hand_written_sweeps(tmp_path):
     assert cell["num_seeds"] == SEEDS
     assert cell["success"]["value"] == pytest.approx(process_shared.mean())
     assert cell["entropy"]["value"] == pytest.approx(0.3 + np.mean(np.arange(SEEDS)) / 100)
-    assert cell["credit_spearman"]["mean"] == pytest.approx(0.25)
+    assert cell["credit_spearman_last"]["mean"] == pytest.approx(0.25)
+    assert cell["credit_spearman_first"]["mean"] == 0.0
+    assert "credit_sign_agreement_last" not in cell  # never measured
     reward = {c["b"]: c for c in summary["families"]["reward"]}
     assert set(reward) == {"shared|12|process", "separate|12|process"}
     worse = reward["shared|12|process"]
