@@ -38,6 +38,9 @@ class EnvKind(NamedTuple):
     # True: the horizon keeps the other fields of the study's env section (Mastermind: the
     # code is the section's, the horizon its turn limit); False: it sets the whole config.
     horizon_keeps_section: bool = False
+    # Fields of the study's section a horizon keeps even when it sets the whole config
+    # (ToolWorld: the task split, so that held-out evaluation works at every horizon).
+    horizon_keeps: tuple[str, ...] = ()
     horizon_field: str | None = None  # the field the horizon sets (when it keeps the rest).
 
 
@@ -56,6 +59,7 @@ KINDS: dict[str, EnvKind] = {
         toolworld.horizon_config,
         title=lambda config: f"ToolWorld level {config.level}",
         slack_field="max_turns",  # max_turns = shortest plan + slack.
+        horizon_keeps=("task_split",),
     ),
     "dialogue": EnvKind(
         dialogue.DialogueEnv,
@@ -134,7 +138,8 @@ def horizon_section(
 ) -> dict[str, Any]:
     """The `env` section (a dict with `kind`) of `kind` at `horizon` turns: ToolWorld and
     dialogue, the shortest episode; Mastermind, the guess limit of the code of `section`
-    (the study's env section, when it names this kind; else v0's code). `slack` > 0 sets
+    (the study's env section, when it names this kind; else v0's code); the kind's
+    `horizon_keeps` fields come from `section` too (ToolWorld's task split). `slack` > 0 sets
     the kind's `slack_field` to horizon + slack (ToolWorld's max_turns), refused for the
     others; errors name the field."""
     spec = kind_of(kind)
@@ -149,4 +154,6 @@ def horizon_section(
     if spec.horizon_keeps_section and section.get("kind") == kind:
         dropped = ("kind", spec.horizon_field)
         overrides.update({k: v for k, v in section.items() if k not in dropped})
+    elif section.get("kind", "toolworld") == kind:
+        overrides.update({k: section[k] for k in spec.horizon_keeps if k in section})
     return {"kind": kind, **dataclasses.asdict(spec.horizon(horizon, **overrides))}

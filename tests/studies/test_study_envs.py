@@ -46,3 +46,7 @@ def test_bad_sections_are_refused_naming_the_field():
 def test_horizon_env_sets_the_shortest_episode():
     assert horizon_env("dialogue", 8).config.shortest == 8
     assert horizon_env("mastermind", 5).config.guess_limit == 5  # its turn limit.
+    # ToolWorld's horizon sets the whole config but keeps the section's task split.
+    split = horizon_env("toolworld", 8, 2, {"task_split": "train", "verdict": "legacy"})
+    assert (split.config.task_split, split.config.verdict) == ("train", "clean")
+    assert split.heldout_env().config.task_split == "heldout"
