@@ -47,6 +47,6 @@ def test_horizon_env_sets_the_shortest_episode():
     assert horizon_env("dialogue", 8).config.shortest == 8
     assert horizon_env("mastermind", 5).config.guess_limit == 5  # its turn limit.
     # ToolWorld's horizon sets the whole config but keeps the section's task split.
-    split = horizon_env("toolworld", 8, 2, {"task_split": "train", "verdict": "legacy"})
-    assert (split.config.task_split, split.config.verdict) == ("train", "clean")
+    split = horizon_env("toolworld", 8, 2, {"task_split": "train"})
+    assert (split.config.task_split, split.config.max_turns) == ("train", 10)
     assert split.heldout_env().config.task_split == "heldout"
