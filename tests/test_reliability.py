@@ -194,6 +194,18 @@ def _nan_outcome(monkeypatch):
     monkeypatch.setattr(loop, "reward_weights", nan_outcome)
 
 
+def test_check_finite_stops_a_chunk_outside_the_loop():
+    """`loop.check_finite`, the stop of trainers outside `loop.run` (the DPO groups)."""
+    runs = [("offline_dpo/32", 0), ("offline_dpo/32", 1)]
+    clean = {"nonfinite_loss": np.zeros((2, 3)), "nonfinite_grads": np.zeros((2, 3))}
+    loop.check_finite(clean, 0, runs, None, [])  # nothing flagged
+    flagged = {**clean, "nonfinite_grads": np.array([[0, 0, 0], [0, 1, 1.0]])}
+    with pytest.raises(loop.Diverged, match=r"update 12: non-finite offline_dpo/32/seed 1: grads"):
+        loop.check_finite(flagged, 10, runs, None, [{"update": 12}])
+    with pytest.raises(ValueError, match="lack"):
+        loop.check_finite({"nonfinite_loss": np.zeros((2, 3))}, 0, runs, None, [])
+
+
 def test_divergence_stops_the_run_keeps_finite_state_and_is_reported(tmp_path, monkeypatch):
     _nan_outcome(monkeypatch)
     with pytest.raises(loop.Diverged, match=r"update 1: non-finite outcome/seed 0: loss, grads"):

@@ -313,10 +313,13 @@ def _train_and_evaluate(chunk, init, runs, *, every, points, setup, folder, resu
         for point in range(done // every, points):
             began = time.time()
             states, metrics = chunk(states)
-            new_rows = _chunk_rows(jax.device_get(metrics), states.params, runs, total,
+            metrics = jax.device_get(metrics)
+            new_rows = _chunk_rows(metrics, states.params, runs, total,
                                    update=(point + 1) * every, evaluate=setup.evaluate)  # fmt: skip
             writer.write(new_rows)
             rows += new_rows
+            # A non-finite step was skipped by the guarded update; stop as `loop.run` does.
+            loop.check_finite(metrics, point * every, runs, manager, rows)
             loop.save_state(manager, (point + 1) * every, states)
             if progress:
                 print(f"{runs[0][0].split('/')[0]}: {(point + 1) * every}/{every * points} "

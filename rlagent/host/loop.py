@@ -70,8 +70,9 @@ from rlagent.train.rewards import check_forms
 from rlagent.train.rewards import reward_weights
 
 __all__ = [
-    "RESUMABLE_FIELDS", "Diverged", "RunError", "check_arguments", "checkpoint_manager",
-    "clear_compiled", "quiet_closed_loops", "resume_state", "run", "save_state",
+    "RESUMABLE_FIELDS", "Diverged", "RunError", "check_arguments", "check_finite",
+    "checkpoint_manager", "clear_compiled", "quiet_closed_loops", "resume_state", "run",
+    "save_state",
 ]  # fmt: skip
 
 
@@ -459,6 +460,20 @@ def save_state(manager: ocp.CheckpointManager, step: int, state: Any) -> None:
             f"Could not write checkpoint step {step} to {manager.directory}: "
             f"{type(error).__name__}: {error}"
         ) from error
+
+
+def check_finite(metrics, done: int, runs, manager, rows) -> None:
+    """Raises `Diverged` (with `rows`) when a chunk's `metrics [runs, updates]` flag a
+    non-finite loss or gradient (`NONFINITE_METRICS`, which they must hold); `done`
+    updates came before the chunk, `manager` kept the last good checkpoint. For trainers
+    outside `run` (e.g. the DPO groups of the strategies study)."""
+    missing = [name for name in NONFINITE_METRICS if name not in metrics]
+    if missing:
+        raise ValueError(f"check_finite: the chunk's metrics lack {missing}.")
+    flags = {name: np.asarray(metrics[name]) for name in NONFINITE_METRICS}
+    diverged = _first_nonfinite(flags)
+    if diverged is not None:
+        raise Diverged(_divergence_message(flags, diverged, done, runs, manager), rows)
 
 
 def _first_nonfinite(metrics: dict[str, np.ndarray]) -> int | None:
