@@ -5,6 +5,7 @@ import importlib
 
 import pytest
 
+from experiments.configs import horizon_no_oracle
 from experiments.studies import common
 from experiments.studies import horizon_sweep
 from experiments.studies import sparse_vs_dense
@@ -60,3 +61,17 @@ def test_paper_config_plans_its_conditions(paper):
         " ".join(module.__doc__.split()).replace("\\ ", "")
     )
     assert _labels(study, module.get_config()) == expected
+
+
+def test_the_long_horizon_question_config_plans_from_the_weak_start():
+    config = horizon_no_oracle.get_config()
+    plans = horizon_sweep.plan(config)
+    assert [h for h, _ in plans] == [12, 16]
+    assert horizon_sweep._demo_horizons(config, 12) == [3, 5, 7]
+    labels = {label for _, runs in plans for r in runs for label in r.conditions}
+    assert labels == {
+        "outcome/gae_token",
+        "process/gae_token",
+        "learned_potential/prm=implicit/gae_token",
+        "learned_potential/prm=completion/gae_token",
+    }
