@@ -68,7 +68,7 @@ def test_prm_runs_group_conditions_by_prm_kind():
     ]
     # The default config's conditions parse: one run per PRM kind and noise level.
     default = common.prm_runs(process_rewards.get_config())
-    assert len(default) == 1 + 3 + 3  # no PRM, three noise levels, three learned PRMs
+    assert len(default) == 1 + 4 + 3  # no PRM, four noise levels (0 the anchor), three PRMs
     accel = process_rewards_accel.get_config()
     assert len(common.prm_runs(accel)) == 1 + 5 + 3
     for run in common.prm_runs(accel):
