@@ -135,7 +135,7 @@ def run(
     """
     plans = plan(config)
     if report_only:
-        return write_report(workdir, config)
+        return write_report(workdir, config, plans)
     resuming = common.prepare(workdir, config, resume=resume, overwrite=overwrite)
     start = time.time()
     pairs = [f"{critic}/h{horizon}" for critic, horizon, _ in plans]
@@ -150,7 +150,7 @@ def run(
             )  # fmt: skip
         except loop.Diverged as error:  # its rows are in its horizon.csv
             diverged.append(f"{critic}, h={horizon}: {error}")
-    summary = write_report(workdir, config)
+    summary = write_report(workdir, config, plans)
     provenance.write(workdir, {**record, "wall_s": round(time.time() - start, 1)})
     if diverged:
         raise loop.Diverged(" ".join(diverged), [])
@@ -223,10 +223,14 @@ def seed_rows(
     return out, missing
 
 
-def write_report(workdir: str, config: ml_collections.ConfigDict) -> dict[str, Any]:
+def write_report(
+    workdir: str, config: ml_collections.ConfigDict, plans: Sequence[tuple] | None = None
+) -> dict[str, Any]:
     """factorial.csv from every finished sweep (`seed_rows`), then summary.md, summary.json
-    and factorial.png (also alone, on a study stopped early)."""
-    pairs = [(critic, horizon) for critic, horizon, _ in plan(config)]
+    and factorial.png (also alone, on a study stopped early); `plans`: `plan(config)`, when
+    the caller has it."""
+    plans = plan(config) if plans is None else plans
+    pairs = [(critic, horizon) for critic, horizon, _ in plans]
     rows, missing = seed_rows(workdir, pairs)
     writer = MetricWriter(workdir, tensorboard=False, filename="factorial.csv")
     writer.clear()
@@ -309,8 +313,8 @@ def _family(pairs, cells, reps: int, draws: int) -> list[dict[str, Any]]:
     out = []
     for a, b in pairs:
         a_cell, b_cell = cells["|".join(map(str, a))], cells["|".join(map(str, b))]
-        a_seeds = dict(zip(*a_cell["per_seed"].values(), strict=True))
-        b_seeds = dict(zip(*b_cell["per_seed"].values(), strict=True))
+        a_seeds = dict(zip(a_cell["per_seed"]["seed"], a_cell["per_seed"]["success"], strict=True))
+        b_seeds = dict(zip(b_cell["per_seed"]["seed"], b_cell["per_seed"]["success"], strict=True))
         common_seeds = sorted(set(a_seeds) & set(b_seeds))
         x = [a_seeds[s] for s in common_seeds]
         y = [b_seeds[s] for s in common_seeds]

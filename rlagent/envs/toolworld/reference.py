@@ -115,7 +115,8 @@ class ReferenceToolWorld:
         """Whether a task cell is held out (`generator.heldout_cells`, in plain integers)."""
         cfg = self.config
         cell = ((int(kind) * cfg.num_orders + order) * cfg.num_items + item) * cfg.num_addresses
-        return _fmix32((cell + address + HELDOUT_SALT) & 0xFFFFFFFF) % HELDOUT_MOD == 0
+        cell += address
+        return _fmix32((cell + HELDOUT_SALT) & 0xFFFFFFFF) % HELDOUT_MOD == 0
 
     def episode_heldout(self, state: RefState) -> bool:
         """Some intent task (not a distractor) of the episode has a held-out cell."""
