@@ -20,6 +20,10 @@ every turn (`[S, B, ...]`), and `continue_ = make_continue(env, graphdef, config
 batch of episodes from such carries, as a `[B, n]` Trajectory. Turn s samples with
 `fold_in(policy_keys[b], s)`, so continuing from the carry of turn s with the rollout's own
 policy keys replays the rollout; other keys give Monte-Carlo forks of the same states.
+`forks_from_carries` lays the carries out batch-major (`[B, S, ...]`), and
+`branch = make_branch(env, graphdef, config)` forks chosen episodes at chosen turns and
+plays them to the end, spliced after the played prefix (`splice`): the tree rollouts of
+`rlagent.train.tree` and the fork pairs of online DPO.
 
 `score = make_score(env, graphdef, config)` recomputes, teacher-forced, the log-probs,
 values and entropies of a trajectory's tokens from the *same* contexts, all turns in
@@ -349,6 +353,101 @@ def make_continue(
         return traj
 
     return continue_
+
+
+def forks_from_carries(carries: RolloutCarry) -> RolloutCarry:
+    """Turn-major carries of `make_rollout(with_carries=True)` -> forks, every leaf `[B, S, ...]`.
+
+    Carry leaves are batch-first except the KV cache's keys and values, which are
+    layer-major (`[num_layers, B, ...]`): their batch axis moves to the front too.
+    """
+
+    def batch_major(node):
+        if isinstance(node, KVCache):  # [S, layers, B, ...] for k and v, [S, B, T] valid
+            return KVCache(
+                k=jnp.moveaxis(node.k, 2, 0),
+                v=jnp.moveaxis(node.v, 2, 0),
+                valid=jnp.swapaxes(node.valid, 0, 1),
+            )
+        return jnp.swapaxes(node, 0, 1)
+
+    return jax.tree.map(batch_major, carries, is_leaf=_is_cache)
+
+
+def continue_fork(
+    continue_: Callable, params: Any, carry: Any, start: jax.Array, key: jax.Array,
+    num_turns: int,
+) -> Trajectory:  # fmt: skip
+    """One fork (a carry of `forks_from_carries`, batch axis dropped) continued by
+    `continue_ = make_continue(...)` from turn `start` for `num_turns` turns: a
+    trajectory with a batch of one. Past max_turns the environment is absorbing and the
+    turns are masked, so running S turns from any start keeps one compiled program for
+    every fork."""
+    single = jax.tree.map(_batch_of_one, carry, is_leaf=_is_cache)
+    return continue_(params, single, start, key[None], num_turns=num_turns)
+
+
+def splice(prefix: Trajectory, continuation: Trajectory, start: jax.Array) -> Trajectory:
+    """Whole episodes `[M, S]`: turns `< start[m]` of `prefix`, then `continuation`.
+
+    `continuation` `[M, S]` holds in column k the turn `start + k` (as
+    `make_continue(num_turns=S)` plays it from the carry at `start`); columns past S are
+    dropped. `bootstrap_value` is the continuation's (0 where it started after turn 0:
+    its column S - 1 lies past the episode's last turn).
+    """
+    num_turns = prefix.turn_mask.shape[1]
+    offset = jnp.arange(num_turns)[None, :] - start[:, None]
+    before = offset < 0
+    index = jnp.clip(offset, 0, num_turns - 1)
+
+    def merge(p, c):
+        if p is None:
+            return None
+        if p.ndim < 2 or p.shape[1] != num_turns:  # bootstrap_value [M]
+            return c
+        moved = jnp.take_along_axis(c, index.reshape(*index.shape, *[1] * (c.ndim - 2)), axis=1)
+        return jnp.where(before.reshape(*before.shape, *[1] * (p.ndim - 2)), p, moved)
+
+    return jax.tree.map(merge, prefix, continuation, is_leaf=lambda x: x is None)
+
+
+def make_branch(
+    env: Environment, graphdef: nnx.GraphDef, config: RolloutConfig = RolloutConfig()
+) -> Callable[..., Trajectory]:
+    """Builds `branch(params, trajectory, carries, rows, start, keys) -> Trajectory [M, S]`.
+
+    Episode `rows[m]` of a rollout (`trajectory` `[B, S]` and its turn-major `carries`
+    from `make_rollout(with_carries=True)`) is forked at the start of turn `start[m]` and
+    played to its end with policy keys `keys[m]` (turn s samples `fold_in(keys[m], s)`),
+    then spliced after the played prefix (`splice`): turns before `start[m]` are the
+    rollout's, the rest the fork's. Every fork plays S turns from its start (masked past
+    the episode's end), so one program serves every start. Pure and jit / vmap-safe.
+    """
+    continue_ = make_continue(env, graphdef, config)
+    num_turns = env.max_turns
+
+    def branch(params, trajectory, carries, rows, start, keys) -> Trajectory:
+        forks = forks_from_carries(carries)  # [B, S, ...]
+        carry = jax.tree.map(lambda x: x[rows, start], forks)
+
+        def one(carry, start, key):
+            return continue_fork(continue_, params, carry, start, key, num_turns)
+
+        branches = jax.tree.map(lambda x: x[:, 0], jax.vmap(one)(carry, start, keys))
+        return splice(jax.tree.map(lambda x: x[rows], trajectory), branches, start)
+
+    return branch
+
+
+def _is_cache(node) -> bool:
+    return isinstance(node, KVCache)
+
+
+def _batch_of_one(node):
+    """One fork's carry (batch axis dropped) -> a batch of one, layer-major KV caches."""
+    if isinstance(node, KVCache):
+        return KVCache(k=node.k[:, None], v=node.v[:, None], valid=node.valid[None])
+    return node[None]
 
 
 def make_turn(

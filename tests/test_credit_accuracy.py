@@ -141,7 +141,9 @@ def test_every_trainer_estimator_gives_turn_credit(estimator):
     trajectory = _trajectory()
     config = TrainConfig(estimator=estimator, num_groups=2, group_size=2)
     rewards = trajectory.signals["outcome"] + 0.5 * trajectory.signals["verdict"]
-    out = credit.estimator_credit(trajectory, rewards, config)
+    # Tree estimators read the batch as trees of 2 (rows 0/1 and 2/3) branched at turn 0.
+    branch = jnp.zeros((B,), jnp.int32) if config.uses_trees else None
+    out = credit.estimator_credit(trajectory, rewards, config, branch)
     chex.assert_shape(out, (B, S))
     assert np.all(np.isfinite(np.asarray(out)))
     np.testing.assert_array_equal(np.asarray(out)[~np.asarray(trajectory.turn_mask)], 0.0)

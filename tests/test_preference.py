@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlagent import rollout as rollout_lib
 from rlagent.credit import mc
 from rlagent.envs.toolworld import ToolWorld
 from rlagent.envs.toolworld import level_config
@@ -163,7 +164,7 @@ def test_group_pairs_best_worst_ties_and_flips():
 def test_splice_puts_the_continuation_after_the_prefix():
     prefix = _toy([[[3, 1], [4, 1], [5, 1]]] * 2, [[1, 1, 1]] * 2)
     branch = _toy([[[7, 1], [8, 1], [9, 1]]] * 2, [[1, 1, 0]] * 2)
-    out = pairs.splice(prefix, branch, jnp.asarray([0, 1]))
+    out = rollout_lib.splice(prefix, branch, jnp.asarray([0, 1]))
     np.testing.assert_array_equal(out.action_tokens[:, :, 0], [[7, 8, 9], [3, 7, 8]])
     np.testing.assert_array_equal(out.turn_mask, [[1, 1, 0], [1, 1, 1]])
 

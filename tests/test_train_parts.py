@@ -206,8 +206,10 @@ def test_every_estimator_gives_finite_masked_advantages(estimator):
     traj = _trajectory()
     config = _config(estimator=estimator, reward="process")
     rewards = turn_rewards(traj, config)
+    # Tree estimators read the batch as trees of 2 (the groups) branched at turns 1 and 0.
+    branch = jnp.asarray([1, 1, 0, 0], jnp.int32) if config.uses_trees else None
     advantages, targets = jax.jit(estimate_advantages, static_argnums=3)(
-        traj, rewards, jnp.zeros_like(traj.logp), config
+        traj, rewards, jnp.zeros_like(traj.logp), config, branch
     )
     loss_mask = np.asarray(traj.loss_mask)
     assert advantages.shape == targets.shape == (B, S, L)

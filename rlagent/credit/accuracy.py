@@ -47,7 +47,12 @@ class CreditAccuracy(NamedTuple):
     num_significant: jax.Array  # turns with |A| > significance * SE.
 
 
-def estimator_credit(trajectory: Trajectory, rewards: jax.Array, config: TrainConfig) -> jax.Array:
+def estimator_credit(
+    trajectory: Trajectory,
+    rewards: jax.Array,
+    config: TrainConfig,
+    branch_turn: jax.Array | None = None,
+) -> jax.Array:
     """`[B, S]` per-turn credit of `config.estimator` on a batch, as the loss weighs it.
 
     The one adapter between the trainer's estimators and credit accuracy: no KL reward
@@ -58,10 +63,12 @@ def estimator_credit(trajectory: Trajectory, rewards: jax.Array, config: TrainCo
         episodes grouped by `config.group_size` consecutive rows share a task).
       rewards: `[B, S]` per-turn rewards (`rewards.turn_rewards`).
       config: estimator, gamma, lam, grouping, normalisation and aggregation.
+      branch_turn: `[B]` branch turns when `trajectory` is a tree batch
+        (`rlagent.train.tree`; a tree estimator needs them).
     """
     loss_mask = trajectory.loss_mask
     zeros = jnp.zeros(loss_mask.shape, jnp.float32)
-    advantages, _ = estimate_advantages(trajectory, rewards, zeros, config)
+    advantages, _ = estimate_advantages(trajectory, rewards, zeros, config, branch_turn)
     return turn_credit(advantages, loss_mask, agg=config.agg)
 
 

@@ -14,7 +14,6 @@ here (per-turn mixtures of environment-level policies are in `mc.mixture`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -23,30 +22,10 @@ from flax import nnx
 
 from rlagent.credit import mc
 from rlagent.envs.base import Environment
-from rlagent.models.llama import KVCache
-from rlagent.rollout import RolloutCarry
 from rlagent.rollout import RolloutConfig
+from rlagent.rollout import continue_fork
+from rlagent.rollout import forks_from_carries  # noqa: F401 (credit.forks_from_carries)
 from rlagent.rollout import make_continue
-from rlagent.types import Trajectory
-
-
-def forks_from_carries(carries: RolloutCarry) -> RolloutCarry:
-    """Turn-major carries of `make_rollout(with_carries=True)` -> forks, every leaf `[B, S, ...]`.
-
-    Carry leaves are batch-first except the KV cache's keys and values, which are
-    layer-major (`[num_layers, B, ...]`): their batch axis moves to the front too.
-    """
-
-    def batch_major(node):
-        if isinstance(node, KVCache):  # [S, layers, B, ...] for k and v, [S, B, T] valid
-            return KVCache(
-                k=jnp.moveaxis(node.k, 2, 0),
-                v=jnp.moveaxis(node.v, 2, 0),
-                valid=jnp.swapaxes(node.valid, 0, 1),
-            )
-        return jnp.swapaxes(node, 0, 1)
-
-    return jax.tree.map(batch_major, carries, is_leaf=_is_cache)
 
 
 def play_policy(
@@ -101,30 +80,6 @@ def play_policy(
         )
 
     return play
-
-
-def continue_fork(
-    continue_: Callable, params: Any, carry: Any, start: jax.Array, key: jax.Array,
-    num_turns: int,
-) -> Trajectory:  # fmt: skip
-    """One fork (a carry of `forks_from_carries`, batch axis dropped) continued by
-    `continue_ = rollout.make_continue(...)` from turn `start` for `num_turns` turns: a
-    trajectory with a batch of one. Past max_turns the environment is absorbing and the
-    turns are masked, so running S turns from any start keeps one compiled program for
-    every fork."""
-    single = jax.tree.map(_batch_of_one, carry, is_leaf=_is_cache)
-    return continue_(params, single, start, key[None], num_turns=num_turns)
-
-
-def _is_cache(node) -> bool:
-    return isinstance(node, KVCache)
-
-
-def _batch_of_one(node):
-    """One fork's carry (batch axis dropped) -> a batch of one, layer-major KV caches."""
-    if isinstance(node, KVCache):
-        return KVCache(k=node.k[:, None], v=node.v[:, None], valid=node.valid[None])
-    return node[None]
 
 
 def _at_absolute_turns(signals: mc.TurnSignals, start: jax.Array, num_turns: int):

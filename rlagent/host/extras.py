@@ -45,8 +45,11 @@ def check_extras(config: TrainConfig, prm: PRMConfig, probe: ProbeConfig) -> Non
             f"PRMConfig.label_episodes must be in [1, TrainConfig.batch_size={batch}], "
             f"got {prm.label_episodes}."
         )
-    if probe.every and probe.episodes > batch:
+    # A tree batch is probed on its roots (the rollout carries it keeps).
+    probed = batch // config.tree_branches if config.uses_trees else batch
+    what = "the roots of a tree batch, " if config.uses_trees else ""
+    if probe.every and probe.episodes > probed:
         raise ValueError(
-            f"ProbeConfig.episodes must be in [1, TrainConfig.batch_size={batch}], "
-            f"got {probe.episodes}."
+            f"ProbeConfig.episodes must be in [1, {what}TrainConfig.batch_size"
+            f"{' / tree_branches' if config.uses_trees else ''}={probed}], got {probe.episodes}."
         )

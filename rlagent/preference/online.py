@@ -9,8 +9,8 @@ train side by side in one program). One iteration:
    * `"trajectory"`: K episodes of each of G tasks (a group shares the reset key);
    * `"fork"`: one episode per task, a played turn f drawn uniformly, then K
      continuations of the same environment state *and* policy memory from the rollout
-     carry at f (`credit.lm.forks_from_carries`, `rollout.make_continue`), spliced
-     after the played turns before f: counterfactual episodes that differ from f on;
+     carry at f (`rollout.make_branch`), spliced after the played turns before f:
+     counterfactual episodes that differ from f on;
 2. the judge scores them (and learns, if it is a PRM), `pairs.group_pairs` takes the
    best against the worst of each group (the judge's `accuracy` flips it), a group whose
    candidates tie gives no pair;
@@ -33,8 +33,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rlagent.credit.lm import continue_fork
-from rlagent.credit.lm import forks_from_carries
 from rlagent.models import Policy
 from rlagent.models import PolicyConfig
 from rlagent.preference import pairs as pairing
@@ -44,7 +42,7 @@ from rlagent.preference.dpo import pair_logps
 from rlagent.preference.dpo import preference_loss
 from rlagent.preference.judges import Judge
 from rlagent.rollout import RolloutConfig
-from rlagent.rollout import make_continue
+from rlagent.rollout import make_branch
 from rlagent.rollout import make_rollout
 from rlagent.rollout import make_score
 from rlagent.train.extras import PRMInputs
@@ -180,7 +178,7 @@ def _sampler(config: DPOConfig, env, graphdef, rollout_config, needs_carries: bo
 
         return sample
     rollout = make_rollout(env, graphdef, rollout_config, with_carries=True)
-    continue_ = make_continue(env, graphdef, rollout_config)
+    branch = make_branch(env, graphdef, rollout_config)
     num_turns = env.max_turns
 
     def sample(params, key):
@@ -188,21 +186,14 @@ def _sampler(config: DPOConfig, env, graphdef, rollout_config, needs_carries: bo
         traj, carries = rollout(
             params, jax.random.split(env_key, groups), jax.random.split(policy_key, groups)
         )
-        forks = forks_from_carries(carries)  # [G, S, ...]
         played = jnp.sum(traj.turn_mask, axis=1)
         start = jax.random.randint(fork_key, (groups,), 0, jnp.maximum(played, 1))
         start = jnp.repeat(start, size)
         rows = jnp.repeat(jnp.arange(groups), size)
-        carry = jax.tree.map(lambda x: x[rows, start], forks)
-
-        def one(carry, start, key):
-            return continue_fork(continue_, params, carry, start, key, num_turns)
-
-        branches = jax.vmap(one)(carry, start, jax.random.split(branch_key, groups * size))
-        branches = jax.tree.map(lambda x: x[:, 0], branches)
-        prefix = jax.tree.map(lambda x: x[rows], traj)
-        spliced = jax.lax.stop_gradient(pairing.splice(prefix, branches, start))
-        turns = jnp.sum(traj.turn_mask) + jnp.sum(branches.turn_mask)
+        keys = jax.random.split(branch_key, groups * size)
+        spliced = jax.lax.stop_gradient(branch(params, traj, carries, rows, start, keys))
+        own = jnp.arange(num_turns)[None] >= start[:, None]  # the forks' own turns
+        turns = jnp.sum(traj.turn_mask) + jnp.sum(spliced.turn_mask & own)
         return _Candidates(spliced, None, traj, turns.astype(jnp.float32), start)
 
     return sample

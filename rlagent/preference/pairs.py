@@ -10,8 +10,9 @@ per side, the turns whose policy tokens enter the loss (`*_scored [N, S]`):
 Pairs come from three places: JSONL records (`records_to_pairs`, which rebuilds the
 constrained-decoding masks by replaying each task in the environment and refuses a
 record whose observations the replay does not show), groups of episodes of one task
-ranked by a judge (`group_pairs`: best against worst), and forks (`splice`: a played
-prefix continued several times from the same rollout carry, `rlagent.preference.online`).
+ranked by a judge (`group_pairs`: best against worst), and forks (`rollout.make_branch`:
+a played prefix continued several times from the same rollout carry,
+`rlagent.preference.online`).
 """
 
 from __future__ import annotations
@@ -115,29 +116,6 @@ def take_pairs(
     rows = jnp.arange(chosen.shape[0]) * group_size
     pick = lambda index: jax.tree.map(lambda x: x[rows + index], trajectory)  # noqa: E731
     return pick(chosen), pick(rejected)
-
-
-def splice(prefix: Trajectory, continuation: Trajectory, start: jax.Array) -> Trajectory:
-    """Whole episodes `[M, S]`: turns `< start[m]` of `prefix`, then `continuation`.
-
-    `continuation` `[M, S]` holds in column k the turn `start + k` (as
-    `make_continue(num_turns=S)` plays it from the carry at `start`); columns past S are
-    dropped. `bootstrap_value` is the continuation's.
-    """
-    num_turns = prefix.turn_mask.shape[1]
-    offset = jnp.arange(num_turns)[None, :] - start[:, None]
-    before = offset < 0
-    index = jnp.clip(offset, 0, num_turns - 1)
-
-    def merge(p, c):
-        if p is None:
-            return None
-        if p.ndim < 2 or p.shape[1] != num_turns:  # bootstrap_value [M]
-            return c
-        moved = jnp.take_along_axis(c, index.reshape(*index.shape, *[1] * (c.ndim - 2)), axis=1)
-        return jnp.where(before.reshape(*before.shape, *[1] * (p.ndim - 2)), p, moved)
-
-    return jax.tree.map(merge, prefix, continuation, is_leaf=lambda x: x is None)
 
 
 def records_to_pairs(

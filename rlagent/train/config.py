@@ -22,6 +22,7 @@ from typing import Any
 from rlagent.losses import AGG_MODES
 from rlagent.losses import KL_KINDS
 from rlagent.train.estimators import ESTIMATORS as ESTIMATOR_TABLE
+from rlagent.train.tree import BRANCH_AT
 
 # Estimator names, in the order of the table they come from (`rlagent.train.estimators`).
 ESTIMATORS = tuple(ESTIMATOR_TABLE)
@@ -66,6 +67,12 @@ class TrainConfig:
     gamma: float = 1.0
     lam: float = 0.95
     gigpo_omega: float = 1.0
+    # Tree rollouts (rlagent.train.tree), read only by tree estimators (`tree_grpo`): K
+    # leaves per tree (a root and K - 1 siblings forked at one of its turns; divides
+    # group_size), where the tree branches (BRANCH_AT) and the within-tree term's weight.
+    tree_branches: int = 2
+    tree_branch_at: str = "uniform"
+    tree_omega: float = 1.0
     normalize_advantages: bool = True  # masked whitening of critic-based advantages.
     # Divide turn rewards by a running std of the run's episode returns (rewards.py
     # scale_rewards), so reward forms of different ranges get the same effective step size.
@@ -113,6 +120,11 @@ class TrainConfig:
             )
         if ESTIMATOR_TABLE[self.estimator].grouped and self.group_size < 2:
             raise ValueError(f"estimator={self.estimator!r} needs group_size >= 2.")
+        _check_choice("tree_branch_at", self.tree_branch_at, BRANCH_AT)
+        if self.tree_branches < 2:
+            raise ValueError(f"TrainConfig.tree_branches must be >= 2, got {self.tree_branches}.")
+        if self.uses_trees:
+            self._check_trees()
         if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.lam <= 1.0:
             raise ValueError(f"gamma and lam must lie in [0, 1], got {self.gamma}, {self.lam}.")
         if len(self.reward_weights) != 3:
@@ -125,6 +137,20 @@ class TrainConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)!r}.")
         self._check_ranges()
+
+    def _check_trees(self):
+        """A tree estimator's batch: whole trees per group, no truncation bootstrap."""
+        if self.group_size % self.tree_branches:
+            raise ValueError(
+                f"estimator={self.estimator!r}: TrainConfig.tree_branches = "
+                f"{self.tree_branches} must divide group_size = {self.group_size} (a group "
+                "holds whole trees of its task)."
+            )
+        if self.bootstrap_truncated:
+            raise ValueError(
+                f"estimator={self.estimator!r} trains on tree rollouts, whose siblings do "
+                "not bootstrap a truncated episode: set TrainConfig.bootstrap_truncated=False."
+            )
 
     def _check_types(self):
         """Counts are integers (2.5 updates would truncate), numbers are finite numbers."""
@@ -149,6 +175,7 @@ class TrainConfig:
             "weight_decay": self.weight_decay >= 0,
             "violation_penalty": self.violation_penalty >= 0,
             "gigpo_omega": self.gigpo_omega >= 0,
+            "tree_omega": self.tree_omega >= 0,
             "warmup_updates": 0 <= self.warmup_updates <= self.num_updates,
             "max_grad_norm": self.max_grad_norm > 0,
             "prm_temperature": self.prm_temperature > 0,
@@ -172,6 +199,11 @@ class TrainConfig:
     def uses_critic(self) -> bool:
         return ESTIMATOR_TABLE[self.estimator].uses_critic
 
+    @property
+    def uses_trees(self) -> bool:
+        """The estimator trains on tree rollouts (`rlagent.train.tree`)."""
+        return ESTIMATOR_TABLE[self.estimator].tree
+
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> TrainConfig:
         """Builds a config from a dict / ConfigDict, rejecting unknown field names."""
@@ -185,15 +217,17 @@ class TrainConfig:
 
 _INTEGER_FIELDS = (
     "num_updates", "num_groups", "group_size", "num_epochs", "num_minibatches", "warmup_updates",
+    "tree_branches",
 )  # fmt: skip
 _REAL_FIELDS = (
     "reward_weights", "dialogue_weights", "prm_temperature", "violation_penalty", "gamma", "lam",
-    "gigpo_omega", "clip_low", "clip_high", "dual_clip", "value_coef", "value_clip",
+    "gigpo_omega", "tree_omega", "clip_low", "clip_high", "dual_clip", "value_coef", "value_clip",
     "entropy_coef", "kl_coef", "kl_target", "kl_horizon", "learning_rate", "weight_decay",
     "max_grad_norm",
 )  # fmt: skip
 _NON_NEGATIVE = (
     "value_coef", "entropy_coef", "kl_coef", "weight_decay", "violation_penalty", "gigpo_omega",
+    "tree_omega",
 )  # fmt: skip
 _RANGES = {
     **dict.fromkeys(_NON_NEGATIVE, ">= 0"),

@@ -34,6 +34,8 @@ class EstimatorSettings(Protocol):
     num_groups: int
     group_size: int
     gigpo_omega: float
+    tree_branches: int
+    tree_omega: float
     estimator: str
     normalize_advantages: bool
     check_inputs: bool  # the kernels' traced-id checks (needs `checkify.checkify`).
@@ -49,6 +51,9 @@ class EstimatorInputs(NamedTuple):
     # [B, S] float32: a turn's reward plus the turn's summed KL reward.
     turn_rewards: jax.Array
     group_ids: jax.Array  # [B] int32: episodes of a group share a task.
+    # [B] int32: the turn each leaf's tree branches at (tree rollouts, rlagent.train.tree;
+    # rows `tree * tree_branches + k`), None for a batch of independent episodes.
+    branch_turn: jax.Array | None = None
 
 
 class Estimate(NamedTuple):
@@ -62,6 +67,8 @@ class Estimator(NamedTuple):
     estimate: Callable[[EstimatorInputs, EstimatorSettings], Estimate]
     uses_critic: bool  # reads `trajectory.values` (and trains the value head).
     grouped: bool  # compares episodes of a group: needs group_size >= 2.
+    # trains on tree rollouts (rlagent.train.tree): reads `EstimatorInputs.branch_turn`.
+    tree: bool = False
 
 
 def estimate_advantages(
@@ -69,6 +76,7 @@ def estimate_advantages(
     rewards: jax.Array,
     kl_reward: jax.Array,
     settings: EstimatorSettings,
+    branch_turn: jax.Array | None = None,
 ) -> Estimate:
     """Token advantages and value targets `[B, S, L]` of `settings.estimator`.
 
@@ -78,6 +86,8 @@ def estimate_advantages(
       kl_reward: `[B, S, L]` float32 per-token reward (the KL penalty when it is placed in
         the reward, else zeros).
       settings: a `TrainConfig` (or anything with `EstimatorSettings`' fields).
+      branch_turn: `[B]` int32 branch turns of a tree batch (`rlagent.train.tree`); a tree
+        estimator needs them, the others ignore them.
     Returns:
       `Estimate` with gradients stopped; critic-based advantages whitened over
       `loss_mask` when `settings.normalize_advantages`.
@@ -87,9 +97,13 @@ def estimate_advantages(
             f"Unknown estimator {settings.estimator!r}; expected one of {tuple(ESTIMATORS)}."
         )
     entry = ESTIMATORS[settings.estimator]
-    advantages, targets = entry.estimate(
-        estimator_inputs(trajectory, rewards, kl_reward, settings.group_size), settings
-    )
+    if entry.tree and branch_turn is None:
+        raise ValueError(
+            f"estimator {settings.estimator!r} reads a tree batch: pass branch_turn "
+            "(rlagent.train.tree.make_tree_rollout; make_train does when the estimator asks)."
+        )
+    inputs = estimator_inputs(trajectory, rewards, kl_reward, settings.group_size)
+    advantages, targets = entry.estimate(inputs._replace(branch_turn=branch_turn), settings)
     if settings.normalize_advantages and entry.uses_critic:
         mask = trajectory.loss_mask
         advantages = adv_lib.whiten(action_rows(advantages), action_rows(mask))
@@ -226,6 +240,39 @@ def gigpo(inputs: EstimatorInputs, settings: EstimatorSettings) -> Estimate:
     return Estimate(_to_tokens(out.advantages, traj), jnp.zeros_like(traj.values))
 
 
+def tree_grpo(inputs: EstimatorInputs, settings: EstimatorSettings) -> Estimate:
+    """Tree-GRPO (Ji et al., 2025): the episode's group-relative score (all leaves of the
+    task, GRPO) plus `tree_omega` times its within-tree score on the turns from the
+    branch turn on: the return from the branch turn, relative to the tree's K leaves (each
+    continued from the same state) and scaled by their std. Before the branch turn the
+    leaves of a tree share their turns, so the within-tree term (which sums to 0 over the
+    tree) is left off them."""
+    traj = inputs.trajectory
+    batch, turns = traj.turn_mask.shape
+    episode = adv_lib.grpo_advantages(
+        jnp.sum(inputs.turn_rewards, axis=1),
+        inputs.group_ids,
+        num_groups=settings.num_groups,
+        scale="std",
+        check_inputs=settings.check_inputs,
+    )
+    step_returns = returns_lib.discounted_returns(
+        inputs.turn_rewards, traj.turn_mask, gamma=settings.gamma
+    )
+    branch = inputs.branch_turn
+    from_branch = step_returns[jnp.arange(batch), branch]
+    within = adv_lib.grpo_advantages(
+        from_branch,
+        jnp.arange(batch, dtype=jnp.int32) // settings.tree_branches,
+        num_groups=batch // settings.tree_branches,
+        scale="std",
+        check_inputs=settings.check_inputs,
+    )
+    after = jnp.arange(turns)[None] >= branch[:, None]
+    per_turn = episode[:, None] + settings.tree_omega * within[:, None] * after
+    return Estimate(_to_tokens(per_turn, traj), jnp.zeros_like(traj.values))
+
+
 ESTIMATORS: dict[str, Estimator] = {
     "gae_token": Estimator(gae_token, uses_critic=True, grouped=False),
     "gae_turn": Estimator(gae_turn, uses_critic=True, grouped=False),
@@ -235,6 +282,7 @@ ESTIMATORS: dict[str, Estimator] = {
     "rloo": Estimator(rloo, uses_critic=False, grouped=True),
     "reinforce_pp": Estimator(reinforce_pp, uses_critic=False, grouped=False),
     "gigpo": Estimator(gigpo, uses_critic=False, grouped=True),
+    "tree_grpo": Estimator(tree_grpo, uses_critic=False, grouped=True, tree=True),
 }
 
 

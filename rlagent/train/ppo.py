@@ -47,6 +47,8 @@ from rlagent.train.rewards import check_reward
 from rlagent.train.rewards import reward_weights
 from rlagent.train.rewards import scale_rewards
 from rlagent.train.rewards import turn_rewards
+from rlagent.train.tree import make_tree_rollout
+from rlagent.train.tree import roots_of
 from rlagent.types import Trajectory
 from rlagent.types import action_rows
 
@@ -123,10 +125,18 @@ def make_train(
     _check_extras(config, prm)
     graphdef = policy_graphdef(policy_config)
     rollout = make_rollout(env, graphdef, rollout_config)
+    # Tree estimators train on tree rollouts (rlagent.train.tree): B / K roots, K leaves each.
+    tree_rollout = None
+    if config.uses_trees:
+        tree_rollout = make_tree_rollout(
+            env, graphdef, rollout_config,
+            branches=config.tree_branches, branch_at=config.tree_branch_at,
+        )  # fmt: skip
     score = make_score(env, graphdef, rollout_config)
     score_sum = make_score_sum(env, graphdef, rollout_config, _token_loss(config))
     probe = None if credit_probe is None else credit_probe(graphdef)
     prm = None if prm is None else prm(graphdef)
+    _check_tree_extras(config, prm)
     credit_every = 0 if probe is None else _probe_period(probe)
     # One rollout that keeps its carries serves the credit probe and the PRM's labels.
     if probe is not None:
@@ -171,7 +181,15 @@ def make_train(
         # Episodes of a group share the environment key, hence the task.
         env_keys = jnp.repeat(jax.random.split(env_key, config.num_groups), config.group_size, 0)
         policy_keys = jax.random.split(policy_key, batch_size)
-        if measure_credit or (prm is not None and prm.needs_carries):
+        branch_turn = tree = None
+        if tree_rollout is not None:  # every K-th env key: the roots keep their group's task
+            k = config.tree_branches
+            tree = tree_rollout(
+                state.params, shard(env_keys[::k]), shard(policy_keys[: batch_size // k]),
+                jax.random.fold_in(policy_key, 0x7EE),  # the run's keys stay as they are
+            )  # fmt: skip
+            trajectory, carries, branch_turn = tree.trajectory, tree.root_carries, tree.branch_turn
+        elif measure_credit or (prm is not None and prm.needs_carries):
             trajectory, carries = carry_rollout(state.params, shard(env_keys), shard(policy_keys))
         else:
             trajectory, carries = rollout(state.params, shard(env_keys), shard(policy_keys)), None
@@ -202,7 +220,9 @@ def make_train(
             kl_reward = -state.kl_coef * kl_tokens
         else:
             kl_reward = jnp.zeros_like(kl_tokens)
-        advantages, value_targets, checks = _estimate(trajectory, rewards, kl_reward, config)
+        advantages, value_targets, checks = _estimate(
+            trajectory, rewards, kl_reward, config, branch_turn
+        )
         batch = _Batch(trajectory, advantages, value_targets, ref_logp)
 
         (params, opt_state), stats = _optimise(
@@ -223,12 +243,16 @@ def make_train(
         }
         if config.normalize_returns:
             metrics["return_std"] = jnp.sqrt(return_stats.m2 / return_stats.count)
+        if tree is not None:  # a sibling's prefix turns were the root's: not played again
+            metrics["env_turns"] = jnp.sum(tree.env_turns)
+            metrics["branch_turn"] = jnp.mean(branch_turn.astype(jnp.float32))
         if measure_credit:
             probe_key = jax.random.fold_in(shuffle_key, 0xC4ED)  # the run's keys stay as they are
+            probed = (trajectory, advantages)
+            if tree is not None:  # the carries are the roots': credit on the roots' rows
+                probed = roots_of(probed, config.tree_branches)
             metrics.update(
-                probe.measure(
-                    state.params, carries, trajectory, advantages, state.reward_weights, probe_key
-                )
+                probe.measure(state.params, carries, *probed, state.reward_weights, probe_key)
             )
         elif probe is not None:
             metrics.update(probe.skipped())
@@ -276,6 +300,18 @@ def _check_extras(config: TrainConfig, prm: PRMFactory | None) -> None:
         )
 
 
+def _check_tree_extras(config: TrainConfig, prm: ProcessRewardModel | None) -> None:
+    """Tree rollouts keep the carries of their roots only: a PRM that labels from carries
+    (Monte-Carlo labels of every episode) cannot train on a tree batch."""
+    if config.uses_trees and prm is not None and prm.needs_carries:
+        raise ValueError(
+            f"TrainConfig.estimator={config.estimator!r} trains on tree rollouts, which keep "
+            "the rollout carries of their roots only; this PRM labels from every episode's "
+            "carries (PRMConfig.kind 'completion' / 'progress'): use a PRM without "
+            "carries ('oracle', 'implicit') or an estimator without trees."
+        )
+
+
 def _probe_period(probe: CreditProbe) -> int:
     """The probe's `every` (updates between credit measurements), refused unless >= 1."""
     if int(probe.every) < 1:
@@ -283,15 +319,17 @@ def _probe_period(probe: CreditProbe) -> int:
     return int(probe.every)
 
 
-def _estimate(trajectory, rewards, kl_reward, config: TrainConfig):
+def _estimate(trajectory, rewards, kl_reward, config: TrainConfig, branch_turn=None):
     """`(advantages, value targets, metrics)`: with `config.check_inputs` the estimator's
     kernels run their input checks, functionalised by checkify (the estimator alone:
     checkify cannot take the rollout's batched while loops), and the metrics carry the
     `checkify.Error` as `INPUT_CHECKS`; else no metric."""
     if not config.check_inputs:
-        return *estimate_advantages(trajectory, rewards, kl_reward, config), {}
+        return *estimate_advantages(trajectory, rewards, kl_reward, config, branch_turn), {}
     checked = checkify.checkify(estimate_advantages, errors=checkify.user_checks)
-    error, (advantages, value_targets) = checked(trajectory, rewards, kl_reward, config)
+    error, (advantages, value_targets) = checked(
+        trajectory, rewards, kl_reward, config, branch_turn
+    )
     return advantages, value_targets, {INPUT_CHECKS: error}
 
 
