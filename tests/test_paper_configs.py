@@ -36,6 +36,10 @@ PAPERS = {
     ),
     "math_shepherd": ("process_rewards", {"outcome"}),
     "potential_shaping": ("sparse_vs_dense", {"outcome", "potential"}),
+    "tree_grpo": (
+        "horizon_sweep",
+        {"outcome/gae_turn", "outcome/grpo", "outcome/gigpo", "outcome/tree_grpo"},
+    ),
 }
 
 

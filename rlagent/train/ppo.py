@@ -47,6 +47,7 @@ from rlagent.train.rewards import check_reward
 from rlagent.train.rewards import reward_weights
 from rlagent.train.rewards import scale_rewards
 from rlagent.train.rewards import turn_rewards
+from rlagent.train.tree import TreeBatch
 from rlagent.train.tree import make_tree_rollout
 from rlagent.train.tree import roots_of
 from rlagent.types import Trajectory
@@ -174,25 +175,29 @@ def make_train(
             step=jnp.zeros((), jnp.int32),
         )
 
+    def play(params, env_key, policy_key, with_carries: bool):
+        """The update's episodes: `(trajectory, carries or None, TreeBatch or None)`.
+        Episodes of a group share the environment key, hence the task; a tree batch's
+        roots take every K-th key (their group's) and keep their carries."""
+        env_keys = jnp.repeat(jax.random.split(env_key, config.num_groups), config.group_size, 0)
+        policy_keys = jax.random.split(policy_key, batch_size)
+        if tree_rollout is not None:
+            k = config.tree_branches
+            tree = tree_rollout(
+                params, shard(env_keys[::k]), shard(policy_keys[: batch_size // k]),
+                jax.random.fold_in(policy_key, 0x7EE),  # the run's keys stay as they are
+            )  # fmt: skip
+            return tree.trajectory, tree.root_carries, tree
+        if with_carries:
+            return *carry_rollout(params, shard(env_keys), shard(policy_keys)), None
+        return rollout(params, shard(env_keys), shard(policy_keys)), None, None
+
     def update(state: RunnerState, measure_credit: bool = False) -> tuple[RunnerState, Metrics]:
         if measure_credit and probe is None:
             raise ValueError(_NO_PROBE)
         key, env_key, policy_key, shuffle_key = jax.random.split(state.key, 4)
-        # Episodes of a group share the environment key, hence the task.
-        env_keys = jnp.repeat(jax.random.split(env_key, config.num_groups), config.group_size, 0)
-        policy_keys = jax.random.split(policy_key, batch_size)
-        branch_turn = tree = None
-        if tree_rollout is not None:  # every K-th env key: the roots keep their group's task
-            k = config.tree_branches
-            tree = tree_rollout(
-                state.params, shard(env_keys[::k]), shard(policy_keys[: batch_size // k]),
-                jax.random.fold_in(policy_key, 0x7EE),  # the run's keys stay as they are
-            )  # fmt: skip
-            trajectory, carries, branch_turn = tree.trajectory, tree.root_carries, tree.branch_turn
-        elif measure_credit or (prm is not None and prm.needs_carries):
-            trajectory, carries = carry_rollout(state.params, shard(env_keys), shard(policy_keys))
-        else:
-            trajectory, carries = rollout(state.params, shard(env_keys), shard(policy_keys)), None
+        with_carries = measure_credit or (prm is not None and prm.needs_carries)
+        trajectory, carries, tree = play(state.params, env_key, policy_key, with_carries)
         trajectory = shard(jax.lax.stop_gradient(trajectory))
         if not config.bootstrap_truncated:
             trajectory = trajectory._replace(
@@ -221,7 +226,7 @@ def make_train(
         else:
             kl_reward = jnp.zeros_like(kl_tokens)
         advantages, value_targets, checks = _estimate(
-            trajectory, rewards, kl_reward, config, branch_turn
+            trajectory, rewards, kl_reward, config, None if tree is None else tree.branch_turn
         )
         batch = _Batch(trajectory, advantages, value_targets, ref_logp)
 
@@ -240,17 +245,14 @@ def make_train(
             **checks,
             "kl_coef": state.kl_coef,
             "train_return": jnp.mean(jnp.sum(raw_rewards, axis=1)),
+            **_tree_metrics(tree),
         }
         if config.normalize_returns:
             metrics["return_std"] = jnp.sqrt(return_stats.m2 / return_stats.count)
-        if tree is not None:  # a sibling's prefix turns were the root's: not played again
-            metrics["env_turns"] = jnp.sum(tree.env_turns)
-            metrics["branch_turn"] = jnp.mean(branch_turn.astype(jnp.float32))
         if measure_credit:
             probe_key = jax.random.fold_in(shuffle_key, 0xC4ED)  # the run's keys stay as they are
-            probed = (trajectory, advantages)
-            if tree is not None:  # the carries are the roots': credit on the roots' rows
-                probed = roots_of(probed, config.tree_branches)
+            probed = (trajectory, advantages)  # a tree's carries are its roots': their rows
+            probed = probed if tree is None else roots_of(probed, config.tree_branches)
             metrics.update(
                 probe.measure(state.params, carries, *probed, state.reward_weights, probe_key)
             )
@@ -298,6 +300,17 @@ def _check_extras(config: TrainConfig, prm: PRMFactory | None) -> None:
             "make_train(prm=) must be a PRM factory (rlagent.prm.prm_factory of a PRMConfig "
             "whose kind is not 'none'), got None."
         )
+
+
+def _tree_metrics(tree: TreeBatch | None) -> Metrics:
+    """A tree batch's `env_turns` (a sibling's prefix turns were the root's, not played
+    again; overrides `episode_metrics`') and mean `branch_turn`; none without a tree."""
+    if tree is None:
+        return {}
+    return {
+        "env_turns": jnp.sum(tree.env_turns),
+        "branch_turn": jnp.mean(tree.branch_turn.astype(jnp.float32)),
+    }
 
 
 def _check_tree_extras(config: TrainConfig, prm: ProcessRewardModel | None) -> None:
