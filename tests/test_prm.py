@@ -65,6 +65,33 @@ def test_completion_and_progress_labels_by_hand():
     np.testing.assert_allclose(progress_labels(values, mask), [[0.5, 0.375, 0.0]])
 
 
+def test_best_of_k_is_the_unbiased_pass_at_k():
+    from math import comb
+
+    from rlagent.prm.labels import best_of_k
+
+    n = 6
+    p = jnp.arange(n + 1, dtype=jnp.float32) / n  # c = 0 .. 6 successes of 6
+    for k in (1, 2, 4, 6):
+        expected = [1 - comb(n - c, k) / comb(n, k) for c in range(n + 1)]
+        np.testing.assert_allclose(best_of_k(p, n, k), expected, atol=1e-6)
+    np.testing.assert_allclose(best_of_k(p, n, 1), p, atol=1e-6)  # K = 1: the fraction
+    # Unbiased: averaged over the binomial draws of c it is 1 - (1 - q)^K.
+    q, k = 0.3, 3
+    mean = sum(comb(n, c) * q**c * (1 - q) ** (n - c) * float(best_of_k(jnp.asarray(c / n), n, k))
+               for c in range(n + 1))  # fmt: skip
+    assert mean == pytest.approx(1 - (1 - q) ** k, abs=1e-6)
+    with pytest.raises(ValueError, match="k <= num_samples"):
+        best_of_k(p, n, n + 1)
+    # Progress labels under the best-of-2 prover of 4 continuations, by hand:
+    # V = 0.5 (2 of 4) -> 1 - C(2,2)/C(4,2) = 5/6; Q = 0.25 (1 of 4) -> 1 - C(3,2)/C(4,2) = 1/2.
+    values = _values(success=[[0.5]], q_success=[[0.25]])
+    got = progress_labels(values, jnp.asarray([[T]]), best_of=2, num_samples=4)
+    np.testing.assert_allclose(got, [[(1 + 0.5 - 5 / 6) / 2]], atol=1e-6)
+    with pytest.raises(ValueError, match="prover_best_of"):
+        PRMConfig(kind="progress", label_samples=4, prover_best_of=5)
+
+
 def test_label_quality_by_hand():
     labels = jnp.asarray([[0.9, 0.2, 0.6], [0.6, 0.5, 0.0]])
     mask = jnp.asarray([[T, T, T], [T, T, F]])
@@ -120,6 +147,13 @@ def test_learned_components_by_hand():
         2 * SCORES - 1, signals.turn_mask, form="min", temperature=config.prm_temperature
     )
     np.testing.assert_allclose(learned["learned_min"], expected_min, atol=1e-6)
+    # Centred: 2 (p - mean p), the mean over the 7 played turns of the batch.
+    mask = np.asarray(signals.turn_mask)
+    mean = np.asarray(SCORES)[mask].mean()
+    np.testing.assert_allclose(
+        learned["learned_centred"], 2 * (np.asarray(SCORES) - mean) * mask, atol=1e-6
+    )
+    assert abs(learned["learned_centred"][mask].sum()) < 1e-5  # an average step earns 0
     # A bootstrapped truncated row ends at the potential of all its turns: Phi_S - Phi_0.
     boot = TrainConfig(gamma=1.0, bootstrap_truncated=True)
     shaped = np.asarray(reward_components(signals, boot, SCORES))[..., COMPONENTS.index(

@@ -48,7 +48,7 @@ JUDGES = {
     "prm": {"learned_sum": 1.0},
 }
 # Judges that read a process reward model's scores.
-PRM_JUDGES = ("prm", "learned_sum", "learned_min", "learned_potential")
+PRM_JUDGES = ("prm", "learned_sum", "learned_min", "learned_potential", "learned_centred")
 
 
 class Judge(NamedTuple):

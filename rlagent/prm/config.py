@@ -32,6 +32,10 @@ class PRMConfig:
     # progress: the prover is the current policy, replaced per continuation by the oracle
     # with this probability (credit.lm.play_policy(oracle_epsilon=)).
     prover_epsilon: float = 0.5
+    # progress: the prover is best-of-K of those continuations (1 = the continuations
+    # themselves; K <= label_samples). With prover_epsilon = 0, PAV's BoK(pi) prover: no
+    # oracle anywhere (labels.best_of_k).
+    prover_best_of: int = 1
     learning_rate: float = 1e-3  # AdamW step size of a learned scorer / implicit model.
     beta: float = 0.05  # implicit: beta of the token rewards beta (log pi_phi - log pi_ref).
 
@@ -46,6 +50,12 @@ class PRMConfig:
         if not 0.0 <= self.prover_epsilon <= 1.0:
             raise ValueError(
                 f"PRMConfig.prover_epsilon must be in [0, 1], got {self.prover_epsilon}."
+            )
+        if not 1 <= int(self.prover_best_of) <= int(self.label_samples):
+            raise ValueError(
+                "PRMConfig.prover_best_of must be in [1, label_samples = "
+                f"{self.label_samples}] (best of K of the label's continuations), got "
+                f"{self.prover_best_of}."
             )
         for name in ("learning_rate", "beta"):
             if not getattr(self, name) > 0:

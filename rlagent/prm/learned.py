@@ -28,7 +28,9 @@ Labels: `credit.mc.mc_values` over `credit.lm.forks_from_carries` of the rollout
 carries, `label_samples` continuations per value by `credit.lm.play_policy` with the
 current policy (completion: the soft label `q_success`, Math-Shepherd), or with the
 policy mixed per continuation with the oracle at `prover_epsilon` (progress: the
-prover's advantage `(1 + q_success - success) / 2`, PAV). The scorer trains with
+prover's advantage `(1 + q_success - success) / 2`, PAV; `prover_best_of = K`: the
+prover is best-of-K of those continuations, `labels.best_of_k`, PAV's `BoK(pi)`, which
+with `prover_epsilon = 0` needs no oracle). The scorer trains with
 `losses.prm_loss` on those soft labels.
 
 Cost per update, besides the labels: one no-grad scoring pass over the batch (`scores`,
@@ -43,6 +45,7 @@ trunk and `make_score` also runs its actor (unused logits).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -132,7 +135,7 @@ def make_learned_prm(
 
     Args:
       prm: `kind` ("completion" or "progress"), `label_episodes`, `label_samples`,
-        `prover_epsilon`, `learning_rate`.
+        `prover_epsilon`, `prover_best_of`, `learning_rate`.
       config: the run's `batch_size`, and the `gamma` / `prm_temperature` of the
         Monte-Carlo labels' rewards.
       env, graphdef, rollout_config: those of the policy (the scorer shares its
@@ -150,6 +153,10 @@ def make_learned_prm(
             f"got {prm.kind!r}."
         )
     label = LABELLERS[prm.kind]
+    if prm.kind == "progress" and prm.prover_best_of > 1:
+        label = functools.partial(
+            labels.progress_labels, best_of=prm.prover_best_of, num_samples=prm.label_samples
+        )
     epsilon = prm.prover_epsilon if prm.kind == "progress" else 0.0
     score = make_score(env, graphdef, rollout_config)
     optimizer = optax.adamw(prm.learning_rate)

@@ -37,13 +37,14 @@ REWARDS = (
     "learned_sum",  # outcome + (2 p - 1).
     "learned_min",  # outcome + prm_rewards(2 p - 1, form="min").
     "learned_potential",  # outcome + shaping, Phi = 0.5 x sum of the scores of past turns.
+    "learned_centred",  # outcome + 2 (p - the batch's mean score): the sum form, centred.
     # Dialogue environments (rlagent.envs.dialogue):
     "dialogue",  # the brief's mix: fluency + factuality + user feedback (`dialogue_weights`).
     "rating",  # the simulated user's end-of-dialogue satisfaction rating alone.
     "feedback",  # the user's sparse, noisy thumbs up / down alone.
 )
 # Reward forms that read a process reward model's scores.
-LEARNED_REWARDS = ("learned_sum", "learned_min", "learned_potential")
+LEARNED_REWARDS = ("learned_sum", "learned_min", "learned_potential", "learned_centred")
 KL_PLACEMENTS = ("none", "reward", "loss")
 SCHEDULES = ("constant", "linear", "cosine")
 

@@ -51,6 +51,7 @@ COMPONENT_SIGNALS = {
     "learned_sum": None,
     "learned_min": None,
     "learned_potential": None,
+    "learned_centred": None,
     # Dialogue (rlagent.envs.dialogue): each the signal itself, a negated error count or
     # the simulated user's feedback / end-of-dialogue rating.
     "fluency": "fluency",
@@ -101,6 +102,11 @@ def reward_weights(config: TrainConfig, reward: str | None = None) -> np.ndarray
       learned_potential: outcome_s + gamma * Phi_{s+1} - Phi_s with
                          Phi_s = POTENTIAL_SCALE * sum_{t < s} p_t (as `potential`, with
                          the PRM's scores in place of the oracle's valid steps).
+      learned_centred:   outcome_s + 2 (p_s - mean p), the mean over the batch's played
+                         turns: the sum form without its calibration offset, so that an
+                         average step earns 0 whatever the PRM's scale (the sum form's
+                         2 p - 1 < 0 on every step of an under-confident PRM makes the
+                         shortest episode the best; docs/process_rewards.md).
     The learned forms read a PRM's scores (their components are 0 without them):
     `make_train` and `rlagent.host.loop.run` refuse them without a PRM.
     Every form subtracts `config.violation_penalty` once per turn that breaks a guardrail
@@ -173,7 +179,7 @@ def reward_components(
         (signal["violations"] > 0).astype(jnp.float32),
     )
     if prm_scores is None:
-        learned = (jnp.zeros_like(valid),) * 3
+        learned = (jnp.zeros_like(valid),) * 4
     else:
         learned = _learned_components(prm_scores, turn_mask, truncated, config)
     direct = tuple(signal[name] for name in DIRECT)
@@ -237,15 +243,18 @@ def scale_rewards(
 
 def _learned_components(
     prm_scores: jax.Array, turn_mask: jax.Array, truncated: jax.Array, config: TrainConfig
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """`learned_sum`, `learned_min`, `learned_potential` components `[B, S]` of PRM scores."""
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """`learned_sum`, `learned_min`, `learned_potential`, `learned_centred` components
+    `[B, S]` of PRM scores."""
     chex.assert_equal_shape([prm_scores, turn_mask])
     scores = jnp.where(turn_mask, prm_scores, 0.0).astype(jnp.float32)
     signed = 2.0 * scores - 1.0  # P(good step) -> [-1, 1], the scale of the oracle verdict.
+    mean = jnp.sum(scores) / jnp.maximum(jnp.sum(turn_mask), 1)  # over the batch's turns
     return (
         signed,
         prm_rewards(signed, turn_mask, form="min", temperature=config.prm_temperature),
         _potential_shaping(scores, turn_mask, truncated, config),
+        2.0 * (scores - mean),
     )
 
 

@@ -126,6 +126,7 @@ class DialogueEnv:
         "learned_sum",  # a PRM's scores (any environment).
         "learned_min",
         "learned_potential",
+        "learned_centred",
         "fluency",  # `fluency`: -(malformed turns + acts beyond the persona's wish).
         "factuality",  # `factuality`: -(wrong facts + ungrounded recommendations).
         "feedback",  # `feedback`: the user's noisy, sparse thumbs up / down.

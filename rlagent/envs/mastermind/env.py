@@ -99,7 +99,7 @@ class Mastermind:
     signal_names = ("outcome", "verdict", "efficiency", "violations")
     reward_components = (
         "outcome", "process", "efficiency", "potential", "prm_min", "violations",
-        "learned_sum", "learned_min", "learned_potential",
+        "learned_sum", "learned_min", "learned_potential", "learned_centred",
     )  # fmt: skip
     num_markers = 2
 

@@ -75,7 +75,9 @@ class PromptEnv:
 
     max_turns, num_markers = 1, 1
     signal_names = ("outcome",)
-    reward_components = ("outcome", "learned_sum", "learned_min", "learned_potential")
+    reward_components = (
+        "outcome", "learned_sum", "learned_min", "learned_potential", "learned_centred",
+    )  # fmt: skip
 
     def __init__(self, config: PromptConfig | None = None):
         self.config = config if config is not None else PromptConfig()

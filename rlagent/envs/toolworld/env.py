@@ -153,6 +153,7 @@ class ToolWorld:
         "learned_sum",  # a PRM's scores (any environment).
         "learned_min",
         "learned_potential",
+        "learned_centred",
     )
 
     @property
