@@ -79,3 +79,15 @@ def test_the_long_horizon_question_config_plans_from_the_weak_start():
         "learned_potential/prm=implicit/gae_token",
         "learned_potential/prm=completion/gae_token",
     }
+
+
+def test_the_no_oracle_process_rewards_config_reads_no_oracle_in_training():
+    from experiments.configs import process_rewards_no_oracle
+    from rlagent.prm.config import PRMConfig
+
+    config = process_rewards_no_oracle.get_config()
+    labels = _labels("process_rewards", config)
+    assert {"learned_centred/prm=progress", "learned_centred/prm=implicit"} <= labels
+    assert not any("noisy_oracle" in label for label in labels)
+    prm = PRMConfig.from_mapping({**dict(config.prm), "kind": "progress"})
+    assert prm.prover_epsilon == 0.0 and prm.prover_best_of == 2
