@@ -310,28 +310,14 @@ def summarize(
 
 def _family(pairs, cells, reps: int, draws: int) -> list[dict[str, Any]]:
     """Paired comparisons `b - a` of each (a, b) cell key pair, Holm over the list."""
-    out = []
-    for a, b in pairs:
-        a_cell, b_cell = cells["|".join(map(str, a))], cells["|".join(map(str, b))]
-        a_seeds = dict(zip(a_cell["per_seed"]["seed"], a_cell["per_seed"]["success"], strict=True))
-        b_seeds = dict(zip(b_cell["per_seed"]["seed"], b_cell["per_seed"]["success"], strict=True))
-        common_seeds = sorted(set(a_seeds) & set(b_seeds))
-        x = [a_seeds[s] for s in common_seeds]
-        y = [b_seeds[s] for s in common_seeds]
-        out.append(
-            {
-                "a": "|".join(map(str, a)),
-                "b": "|".join(map(str, b)),
-                "num_pairs": len(common_seeds),
-                "difference": paired.paired_bootstrap(x, y, reps=reps),
-                "p_value": paired.sign_flip_test(x, y, draws=draws),
-            }  # fmt: skip
-        )
-    if out:
-        for entry, p in zip(out, stats.holm([e["p_value"] for e in out]), strict=True):
-            entry["p_holm"] = float(p)
-            entry["significant"] = bool(p < 0.05)
-    return out
+
+    def by_seed(key):
+        seeds = cells["|".join(map(str, key))]["per_seed"]
+        return dict(zip(seeds["seed"], seeds["success"], strict=True))
+
+    comparisons = [("|".join(map(str, a)), "|".join(map(str, b)), by_seed(a), by_seed(b))
+                   for a, b in pairs]  # fmt: skip
+    return paired.paired_family(comparisons, reps=reps, draws=draws)
 
 
 def markdown(summary: Mapping[str, Any]) -> str:

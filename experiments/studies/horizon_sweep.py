@@ -45,6 +45,7 @@ from experiments.studies.envs import horizon_env
 from experiments.studies.envs import horizon_section
 from experiments.studies.envs import study_kind
 from experiments.studies.sections import make
+from rlagent.analysis import paired
 from rlagent.analysis import report
 from rlagent.analysis import stats
 from rlagent.host import loop
@@ -267,7 +268,11 @@ def summarize(
             "gain": stats.interval_estimates({condition: gain}, reps=reps)[condition],
             "takeoff": stats.takeoff_rate(success, takeoff),
             "initial_success": float(np.mean([float(r["initial_success"]) for r in seeds])),
-            "per_seed": {"seed": [int(r["seed"]) for r in seeds], "success": success},
+            "per_seed": {
+                "seed": [int(r["seed"]) for r in seeds],
+                "success": success,
+                "auc": [float(r["auc"]) for r in seeds],
+            },
         }
         for name in CREDIT_METRICS:
             credit = stats.finite_mean_ci([float(r[f"credit_{name}_last"]) for r in seeds])
@@ -284,7 +289,36 @@ def summarize(
         }
     settings = {"success": key, "takeoff_threshold": takeoff, "reference": reference,
                 "bootstrap_reps": reps}  # fmt: skip
-    return {"horizons": horizons, "settings": settings}
+    paired_families = _paired(horizons, reference, reps)
+    return {"horizons": horizons, "settings": settings, "paired": paired_families}
+
+
+# Metrics of the paired family (per-seed keys of a cell): held-out success, AUC at equal turns.
+PAIRED_METRICS = ("success", "auc")
+
+
+def _paired(horizons: Mapping[str, Any], reference: str, reps: int) -> dict[str, list]:
+    """Per metric of PAIRED_METRICS, the family of every condition against `reference` at
+    its horizon, paired over the seeds (the runs of a seed share its warm start): mean
+    difference with a paired bootstrap CI, exact sign-flip p, Holm over the family."""
+    out = {}
+    for metric in PAIRED_METRICS:
+        comparisons = []
+        for h, cell in sorted(horizons.items(), key=lambda item: int(item[0])):
+            conditions = cell["conditions"]
+            if reference not in conditions:
+                continue
+            by_seed = {
+                name: dict(zip(e["per_seed"]["seed"], e["per_seed"][metric], strict=True))
+                for name, e in conditions.items()
+            }
+            comparisons += [
+                (f"{h}|{reference}", f"{h}|{name}", by_seed[reference], by_seed[name])
+                for name in conditions
+                if name != reference
+            ]
+        out[metric] = paired.paired_family(comparisons, reps=reps)
+    return out
 
 
 def markdown(summary: Mapping[str, Any]) -> str:
@@ -333,12 +367,36 @@ def markdown(summary: Mapping[str, Any]) -> str:
             mark = " *" if c["significant"] else ""
             gap = _interval(cell["gaps"][name])
             out += f"| {h} | {name} | {gap} | {prob:.2f} | {c['p_holm']:.3g}{mark} |\n"
+    out += _paired_markdown(summary.get("paired", {}), reference, what)
     out += (
         "\nIQM and mean with stratified bootstrap 95% CIs over seeds (rliable); take-off with "
         "exact Clopper-Pearson CIs; comparisons: two-sided Mann-Whitney U, Holm-corrected over "
         "the pairs of conditions of a horizon (* p < 0.05). Estimator conditions train "
         "only at the estimator horizons.\n"
     )
+    return out
+
+
+def _paired_markdown(families: Mapping[str, list], reference: str, what: str) -> str:
+    """The paired families (`_paired`) as one table."""
+    rows = [(m, e) for m in PAIRED_METRICS for e in families.get(m, [])]
+    if not rows:
+        return ""
+    out = (
+        f"\n### paired difference to {reference} (same seeds, same warm start): mean "
+        "[95% paired bootstrap CI], exact sign-flip p, Holm within each metric's family\n\n"
+        "| metric | horizon | condition | difference | pairs | p | p (Holm) |\n"
+        "|---|---|---|---|---|---|---|\n"
+    )
+    names = {"success": what, "auc": "AUC at equal turns"}
+    for metric, e in rows:
+        horizon, _, condition = e["b"].partition("|")
+        d, mark = e["difference"], " *" if e["significant"] else ""
+        out += (
+            f"| {names[metric]} | {horizon} | {condition} | {d['value']:+.3f} "
+            f"[{d['low']:+.3f}, {d['high']:+.3f}] | {e['num_pairs']} | {e['p_value']:.3g} | "
+            f"{e['p_holm']:.3g}{mark} |\n"
+        )
     return out
 
 

@@ -20,6 +20,8 @@ as noise.
   k samples succeed, the reliability metric pass^k of tau-bench (Yao et al. 2024).
 - `compare`: one metric of both arms: means, the paired difference with its CI, the
   sign-flip p-value; `verdict` turns it into one line.
+- `paired_family`: a pre-declared family of such comparisons over seeds (runs of two
+  conditions that share a seed share its start), Holm-corrected within the family.
 
 Everything runs on the host in NumPy; nothing here is traced.
 """
@@ -154,6 +156,32 @@ def compare(
         "higher_is_better": higher_is_better,
         "tasks": int(np.size(a)),
     }
+
+
+def paired_family(
+    comparisons: Sequence[tuple[str, str, dict[int, float], dict[int, float]]],
+    *,
+    reps: int = 10_000,
+    draws: int = 100_000,
+) -> list[dict[str, Any]]:
+    """Each `(a, b, {seed: value of a}, {seed: value of b})`: the mean paired difference
+    `b - a` over the seeds both hold (`paired_bootstrap`), its `sign_flip_test` p-value and
+    `p_holm`, Holm's adjustment over the family (`significant`: p_holm < 0.05)."""
+    from rlagent.analysis.stats import holm  # stats imports nothing from here
+
+    out = []
+    for a, b, a_seeds, b_seeds in comparisons:
+        seeds = sorted(set(a_seeds) & set(b_seeds))
+        x, y = [a_seeds[s] for s in seeds], [b_seeds[s] for s in seeds]
+        out.append({
+            "a": a, "b": b, "num_pairs": len(seeds),
+            "difference": paired_bootstrap(x, y, reps=reps),
+            "p_value": sign_flip_test(x, y, draws=draws),
+        })  # fmt: skip
+    for entry, p in zip(out, holm([e["p_value"] for e in out]) if out else [], strict=True):
+        entry["p_holm"] = float(p)
+        entry["significant"] = bool(p < 0.05)
+    return out
 
 
 def verdict(

@@ -54,7 +54,8 @@ def progress_labels(
 def best_of_k(p: jax.Array, num_samples: int, k: int) -> jax.Array:
     """P(at least one of K continuations succeeds), unbiased from the success fraction `p`
     of N = `num_samples` continuations (pass@K, Chen et al. 2021):
-    `1 - C(N - c, K) / C(N, K)` with `c = p N` successes, for 1 <= K <= N."""
+    `1 - C(N - c, K) / C(N, K)` with `c = p N` successes, for 1 <= K <= N: the traced
+    twin of `rlagent.analysis.paired.pass_at_k` (host integers), elementwise on arrays."""
     if not 1 <= int(k) <= int(num_samples):
         raise ValueError(f"best_of_k needs 1 <= k <= num_samples, got k={k}, N={num_samples}.")
     failures = int(num_samples) - jnp.round(p * num_samples)

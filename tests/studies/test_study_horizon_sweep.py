@@ -149,8 +149,19 @@ def test_summary_math_on_synthetic_rows(tmp_path):
     ]
     flat = summary["horizons"]["7"]["gaps"]["process/gae_turn"]
     assert flat == {"value": 0.0, "low": 0.0, "high": 0.0}
+    # The paired family: each condition against the reference at its horizon, per seed.
+    from rlagent.analysis import paired
+
+    success = summary["paired"]["success"]
+    assert [e["b"] for e in success] == ["4|process/gae_turn", "7|process/gae_turn"]
+    first = success[0]
+    assert first["difference"]["value"] == pytest.approx(0.55)  # mean(dense - sparse)
+    assert first["p_value"] == pytest.approx(paired.sign_flip_test(sparse, dense))
+    assert first["p_holm"] == pytest.approx(min(1.0, 2 * min(first["p_value"], 1.0)))
+    assert summary["paired"]["auc"][0]["difference"]["value"] == pytest.approx(0.275)
     table = horizon_sweep.markdown(summary)
     assert "| process/gae_turn | 0.900 [" in table and "h=7" in table
+    assert "| AUC at equal turns | 4 | process/gae_turn | +0.275 [" in table
     assert "### gain over the starting policy" in table
     horizon_sweep.plot(summary, str(tmp_path / "horizon.png"))
     assert os.path.getsize(tmp_path / "horizon.png") > 0
