@@ -236,3 +236,22 @@ def test_tree_grpo_trains_and_counts_only_the_turns_it_played():
     # The probe measured (its skipped value is NaN) on the roots' played turns.
     assert 1 <= metrics["credit_num_turns"] <= ENV.max_turns * 2
     assert np.isfinite(metrics["credit_relative_variance"])
+
+
+def test_tree_grpo_learns_level_1_from_the_outcome_alone(tmp_path):
+    """Seeded smoke run: from ~0.05 success to >= 0.6 within 30 updates of 8 x 8 leaves
+    (seed 0 reached 0.81 over its last 5 updates when this budget was set), with no
+    critic and no process signal: the within-tree baseline is the only step credit."""
+    from rlagent.host import loop
+    from tests.test_train import POLICY as SMOKE_POLICY
+
+    config = TrainConfig(num_updates=30, num_groups=8, group_size=8, reward="outcome",
+                         learning_rate=1e-3, estimator="tree_grpo")  # fmt: skip
+    rows = loop.run(config, ToolWorld(ToolWorldConfig(level=1)), SMOKE_POLICY, ROLLOUT,
+                    seeds=[0], workdir=str(tmp_path), progress=False, tensorboard=False,
+                    checkpoint=False)  # fmt: skip
+    success = [row["success"] for row in rows]
+    assert np.mean(success[:3]) < 0.2, success
+    assert np.mean(success[-5:]) >= 0.6, success
+    # Experience is counted as played: fewer turns than 64 full episodes per update.
+    assert all(row["env_turns"] < row["turns"] * config.batch_size for row in rows)
