@@ -44,6 +44,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.estimators = "gae_token@0.9,grpo,gigpo,hierarchical"
     config.estimator_reward = "process"
     config.estimator_horizons = "8,12"
+    # The report pairs every condition with the reference (the first condition with
+    # train.estimator) at its horizon over seeds; these conditions are references too.
+    config.paired_to = ""
     config.seeds = 5  # per condition and horizon, trained in parallel under vmap.
     config.first_seed = 0
     config.chunk_size = 10  # updates per jitted call between metric writes / checkpoints.

@@ -33,4 +33,5 @@ def get_config() -> ml_collections.ConfigDict:
     config.seeds = 10
     config.train.tree_branches = 2
     config.train.tree_branch_at = "uniform"
+    config.paired_to = "outcome/grpo"  # Tree-GRPO's claim is against independent chains
     return config

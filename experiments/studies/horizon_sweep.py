@@ -174,7 +174,8 @@ def write_report(workdir: str, config: ml_collections.ConfigDict) -> dict[str, A
     `train.estimator`."""
     rows = MetricWriter(workdir, tensorboard=False, filename="horizon.csv").read()
     reference = f"{names(config.conditions)[0]}/{config.train.estimator}"
-    summary = summarize(rows, reference=reference)
+    also = names(config.paired_to, "paired_to") if config.get("paired_to") else []
+    summary = summarize(rows, reference=reference, paired_to=also)
     plot(summary, os.path.join(workdir, "horizon.png"))
     table = markdown(summary)
     with open(os.path.join(workdir, "summary.md"), "w") as f:
@@ -233,8 +234,12 @@ def summarize(
     reference: str,
     takeoff: float = 0.5,
     reps: int | None = None,
+    paired_to: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Per horizon and condition, from `horizon.csv` rows; comparisons within each horizon.
+
+    `paired`: per metric, the pre-declared family of each condition against `reference`
+    and against every condition of `paired_to` at its horizon, paired over seeds (`_paired`).
 
     `success` is the held-out sampled success when every seed was evaluated, else the
     final training success (`settings.success` says which). Per cell: IQM and mean of
@@ -289,7 +294,7 @@ def summarize(
         }
     settings = {"success": key, "takeoff_threshold": takeoff, "reference": reference,
                 "bootstrap_reps": reps}  # fmt: skip
-    paired_families = _paired(horizons, reference, reps)
+    paired_families = _paired(horizons, [reference, *paired_to], reps)
     return {"horizons": horizons, "settings": settings, "paired": paired_families}
 
 
@@ -297,26 +302,27 @@ def summarize(
 PAIRED_METRICS = ("success", "auc")
 
 
-def _paired(horizons: Mapping[str, Any], reference: str, reps: int) -> dict[str, list]:
-    """Per metric of PAIRED_METRICS, the family of every condition against `reference` at
-    its horizon, paired over the seeds (the runs of a seed share its warm start): mean
-    difference with a paired bootstrap CI, exact sign-flip p, Holm over the family."""
+def _paired(horizons: Mapping[str, Any], references: Sequence[str], reps: int) -> dict[str, list]:
+    """Per metric of PAIRED_METRICS, the family of every condition against each of
+    `references` at its horizon (each pair once), paired over the seeds (the runs of a
+    seed share its warm start): mean difference `condition - reference` with a paired
+    bootstrap CI, exact sign-flip p, Holm over the family."""
     out = {}
     for metric in PAIRED_METRICS:
-        comparisons = []
+        comparisons, seen = [], set()
         for h, cell in sorted(horizons.items(), key=lambda item: int(item[0])):
             conditions = cell["conditions"]
-            if reference not in conditions:
-                continue
             by_seed = {
                 name: dict(zip(e["per_seed"]["seed"], e["per_seed"][metric], strict=True))
                 for name, e in conditions.items()
             }
-            comparisons += [
-                (f"{h}|{reference}", f"{h}|{name}", by_seed[reference], by_seed[name])
-                for name in conditions
-                if name != reference
-            ]
+            for ref in (r for r in references if r in conditions):
+                for name in conditions:
+                    if name != ref and (h, frozenset((ref, name))) not in seen:
+                        seen.add((h, frozenset((ref, name))))
+                        comparisons.append(
+                            (f"{h}|{ref}", f"{h}|{name}", by_seed[ref], by_seed[name])
+                        )
         out[metric] = paired.paired_family(comparisons, reps=reps)
     return out
 
@@ -367,7 +373,7 @@ def markdown(summary: Mapping[str, Any]) -> str:
             mark = " *" if c["significant"] else ""
             gap = _interval(cell["gaps"][name])
             out += f"| {h} | {name} | {gap} | {prob:.2f} | {c['p_holm']:.3g}{mark} |\n"
-    out += _paired_markdown(summary.get("paired", {}), reference, what)
+    out += _paired_markdown(summary.get("paired", {}), what)
     out += (
         "\nIQM and mean with stratified bootstrap 95% CIs over seeds (rliable); take-off with "
         "exact Clopper-Pearson CIs; comparisons: two-sided Mann-Whitney U, Holm-corrected over "
@@ -377,23 +383,25 @@ def markdown(summary: Mapping[str, Any]) -> str:
     return out
 
 
-def _paired_markdown(families: Mapping[str, list], reference: str, what: str) -> str:
+def _paired_markdown(families: Mapping[str, list], what: str) -> str:
     """The paired families (`_paired`) as one table."""
     rows = [(m, e) for m in PAIRED_METRICS for e in families.get(m, [])]
     if not rows:
         return ""
     out = (
-        f"\n### paired difference to {reference} (same seeds, same warm start): mean "
-        "[95% paired bootstrap CI], exact sign-flip p, Holm within each metric's family\n\n"
-        "| metric | horizon | condition | difference | pairs | p | p (Holm) |\n"
-        "|---|---|---|---|---|---|---|\n"
+        "\n### paired differences (same seeds, same warm start): condition minus the "
+        "reference, mean [95% paired bootstrap CI], exact sign-flip p, Holm within each "
+        "metric's family\n\n"
+        "| metric | horizon | condition | minus | difference | pairs | p | p (Holm) |\n"
+        "|---|---|---|---|---|---|---|---|\n"
     )
     names = {"success": what, "auc": "AUC at equal turns"}
     for metric, e in rows:
         horizon, _, condition = e["b"].partition("|")
         d, mark = e["difference"], " *" if e["significant"] else ""
         out += (
-            f"| {names[metric]} | {horizon} | {condition} | {d['value']:+.3f} "
+            f"| {names[metric]} | {horizon} | {condition} | {e['a'].partition('|')[2]} "
+            f"| {d['value']:+.3f} "
             f"[{d['low']:+.3f}, {d['high']:+.3f}] | {e['num_pairs']} | {e['p_value']:.3g} | "
             f"{e['p_holm']:.3g}{mark} |\n"
         )

@@ -161,7 +161,12 @@ def test_summary_math_on_synthetic_rows(tmp_path):
     assert summary["paired"]["auc"][0]["difference"]["value"] == pytest.approx(0.275)
     table = horizon_sweep.markdown(summary)
     assert "| process/gae_turn | 0.900 [" in table and "h=7" in table
-    assert "| AUC at equal turns | 4 | process/gae_turn | +0.275 [" in table
+    assert "| AUC at equal turns | 4 | process/gae_turn | outcome/gae_turn | +0.275 [" in table
+    # An extra reference of the family: each pair once, Holm over all of them.
+    both = horizon_sweep.summarize(
+        rows, reference="outcome/gae_turn", reps=200, paired_to=["process/gae_turn"]
+    )
+    assert len(both["paired"]["success"]) == 2
     assert "### gain over the starting policy" in table
     horizon_sweep.plot(summary, str(tmp_path / "horizon.png"))
     assert os.path.getsize(tmp_path / "horizon.png") > 0
