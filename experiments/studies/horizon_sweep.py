@@ -377,8 +377,8 @@ def markdown(summary: Mapping[str, Any]) -> str:
     out += (
         "\nIQM and mean with stratified bootstrap 95% CIs over seeds (rliable); take-off with "
         "exact Clopper-Pearson CIs; comparisons: two-sided Mann-Whitney U, Holm-corrected over "
-        "the pairs of conditions of a horizon (* p < 0.05). Estimator conditions train "
-        "only at the estimator horizons.\n"
+        "the pairs of conditions of a horizon (* p < 0.05); the paired table pairs runs by "
+        "seed instead. Estimator conditions train only at the estimator horizons.\n"
     )
     return out
 
