@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from rlagent.analysis.stats import holm
+
 # Tasks up to which `sign_flip_test` enumerates every sign vector (2^16 = 65,536).
 EXACT_LIMIT = 16
 
@@ -167,8 +169,6 @@ def paired_family(
     """Each `(a, b, {seed: value of a}, {seed: value of b})`: the mean paired difference
     `b - a` over the seeds both hold (`paired_bootstrap`), its `sign_flip_test` p-value and
     `p_holm`, Holm's adjustment over the family (`significant`: p_holm < 0.05)."""
-    from rlagent.analysis.stats import holm  # stats imports nothing from here
-
     out = []
     for a, b, a_seeds, b_seeds in comparisons:
         seeds = sorted(set(a_seeds) & set(b_seeds))
