@@ -46,10 +46,11 @@ def check_extras(config: TrainConfig, prm: PRMConfig, probe: ProbeConfig) -> Non
             f"got {prm.label_episodes}."
         )
     # A tree batch is probed on its roots (the rollout carries it keeps).
-    probed = batch // config.tree_branches if config.uses_trees else batch
-    what = "the roots of a tree batch, " if config.uses_trees else ""
+    probed, limit = batch, "TrainConfig.batch_size"
+    if config.uses_trees:
+        probed = batch // config.tree_branches
+        limit = "the roots of a tree batch, TrainConfig.batch_size / tree_branches"
     if probe.every and probe.episodes > probed:
         raise ValueError(
-            f"ProbeConfig.episodes must be in [1, {what}TrainConfig.batch_size"
-            f"{' / tree_branches' if config.uses_trees else ''}={probed}], got {probe.episodes}."
+            f"ProbeConfig.episodes must be in [1, {limit}={probed}], got {probe.episodes}."
         )
