@@ -121,6 +121,26 @@ def test_study_config_errors_name_the_field():
         rs_sft.conditions(config)
 
 
+def test_family_keeps_or_refuses_the_env_fields_the_user_set():
+    config = rs_sft_config.get_config()
+    base = rs_sft.family_config(config, "h10").env
+    assert (base.level, base.num_intents, base.num_distractors, base.max_turns) == (4, 3, 0, 12)
+    config.env.task_split, config.env.max_turns = "train", 14  # kept: the plan is still 10.
+    kept = rs_sft.family_config(config, "h10").env
+    assert (kept.task_split, kept.max_turns, kept.num_intents) == ("train", 14, 3)
+    assert rs_sft.family_config(config, "l3").env.task_split == "train"
+    config.env.num_intents = 2  # two exchanges: a 7-turn plan, not 10.
+    with pytest.raises(ValueError, match=r"config.envs: 'h10'.*shortest_plan=10"):
+        rs_sft.family_config(config, "h10")
+    config = rs_sft_config.get_config()
+    config.env.level = 3
+    assert rs_sft.family_config(config, "l3").env.level == 3
+    with pytest.raises(ValueError, match=r"config.envs: 'l2': config.env.level=3 is set"):
+        rs_sft.family_config(config, "l2")
+    with pytest.raises(ValueError, match=r"config.stages: 'l2': config.env.level=3"):
+        rs_sft.family_config(config, "l2", "stages")
+
+
 @pytest.mark.slow
 def test_study_runs_end_to_end(tmp_path):
     config = rs_sft_config.get_config()

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from flax import nnx
 
 # pytest imports tests/ modules by their bare names: importing `test_train` (not
 # `tests.test_train`) gives the very objects of its tests, hence the same cached trainer.
@@ -35,6 +36,7 @@ from rlagent.credit.probe import ProbeConfig
 from rlagent.envs.toolworld import ToolWorldConfig
 from rlagent.host import loop
 from rlagent.host import provenance
+from rlagent.host import shadow
 from rlagent.host.writers import MetricWriter
 from rlagent.models import PolicyConfig
 from rlagent.prm import PRMConfig
@@ -73,7 +75,7 @@ def test_non_empty_workdir_is_refused_and_overwrite_starts_clean(straight, tmp_p
     with pytest.raises(loop.RunError, match="is not empty.*resume.*overwrite"):
         _run(tmp_path)
     again = _run(tmp_path, overwrite=True, stop_after=1)
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1"]  # no old checkpoint left.
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["0", "1"]  # no old one left.
     assert len((tmp_path / "metrics.csv").read_text().splitlines()) == 1 + len(again) == 5
     resumed = _run(tmp_path, resume=True)  # continues the new run, not the old one.
     assert _strip(resumed) == _strip(rows)
@@ -163,7 +165,7 @@ def test_checkpoint_write_failure_is_a_clear_error_and_closes(tmp_path, monkeypa
     close = ocp.CheckpointManager.close
     monkeypatch.setattr(ocp.CheckpointManager, "save", fail)
     monkeypatch.setattr(ocp.CheckpointManager, "close", lambda self: closed.append(close(self)))
-    with pytest.raises(loop.RunError, match="Could not write checkpoint step 1 to .*Permission"):
+    with pytest.raises(loop.RunError, match="Could not write checkpoint step 0 to .*Permission"):
         _run(tmp_path)
     assert closed
 
@@ -206,11 +208,35 @@ def test_check_finite_stops_a_chunk_outside_the_loop():
         loop.check_finite({"nonfinite_loss": np.zeros((2, 3))}, 0, runs, None, [])
 
 
+def test_the_start_is_checkpointed_kept_and_served_as_step_0(straight, tmp_path):
+    rows, workdir = straight
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["0", "1", "2"]
+    trainer = loop._trainer(TINY, ENV, POLICY, ROLLOUT, None)
+    runs = [(c, s) for c in KWARGS["conditions"] for s in KWARGS["seeds"]]
+    fresh = loop._initial_state(trainer, TINY, runs, KWARGS["seeds"], None)
+    served = shadow.load_checkpoint(f"{workdir}@0#outcome/1")  # run 3 of 4
+    assert served.step == 0 and served.version.startswith(f"{workdir}@0#outcome/1:")
+    for mine, theirs in zip(
+        jax.tree.leaves(nnx.to_pure_dict(served.params)),
+        jax.tree.leaves(nnx.to_pure_dict(fresh.params)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs)[3])
+    newest = shadow.load_checkpoint(f"{workdir}#outcome/1")
+    assert newest.step == 2 and newest.version != served.version
+    # Step 0 outlives the newest two; later steps rotate.
+    manager = loop.checkpoint_manager(str(tmp_path))
+    for step in range(5):
+        loop.save_state(manager, step, {"x": np.full(3, step)})
+    assert sorted(manager.all_steps()) == [0, 3, 4]
+    manager.close()
+
+
 def test_divergence_stops_the_run_keeps_finite_state_and_is_reported(tmp_path, monkeypatch):
     _nan_outcome(monkeypatch)
     with pytest.raises(loop.Diverged, match=r"update 1: non-finite outcome/seed 0: loss, grads"):
         _run(tmp_path)
-    assert not glob.glob(str(tmp_path / "checkpoints" / "*"))  # the non-finite chunk: unsaved.
+    assert os.listdir(tmp_path / "checkpoints") == ["0"]  # the non-finite chunk: unsaved.
     rows = MetricWriter(str(tmp_path)).read()
     assert [row["update"] for row in rows] == [1] * 4  # the flagged update is written.
     summary = report.summarize(rows)
@@ -256,7 +282,7 @@ def test_check_inputs_stops_a_run_whose_kernel_inputs_are_wrong(tmp_path, monkey
     config = dataclasses.replace(TINY, estimator="rloo", check_inputs=True)
     with pytest.raises(loop.RunError, match=r"check_inputs: .* updates 1-1 .*group_ids"):
         _run(tmp_path, config, conditions=["process"], seeds=[0])
-    assert not glob.glob(str(tmp_path / "checkpoints" / "*"))
+    assert os.listdir(tmp_path / "checkpoints") == ["0"]  # the start only
     assert not MetricWriter(str(tmp_path)).read()
 
 

@@ -42,7 +42,6 @@ from rlagent.analysis.stats import format_interval
 from rlagent.analysis.stats import holm
 from rlagent.host import provenance
 from rlagent.host import shadow
-from rlagent.host.loop import quiet_closed_loops
 from rlagent.host.workdir import prepare_workdir
 from rlagent.host.workdir import refuse_resume
 from rlagent.models import PolicyConfig
@@ -130,7 +129,7 @@ def load_arm(name: str, spec: str, guardrail: str = "") -> Arm:
     """Arm `name` of checkpoint `spec` (`shadow.load_checkpoint`), its environment (with
     the guardrail mode `guardrail` when given) and the rollout it was trained with
     (constrained when the guardrail masks)."""
-    checkpoint = read_checkpoint(spec)
+    checkpoint = shadow.load_checkpoint(spec)
     section = env_section(checkpoint.config["env"])
     if guardrail:
         if "guardrail" not in section:
@@ -141,25 +140,6 @@ def load_arm(name: str, spec: str, guardrail: str = "") -> Arm:
     if getattr(env, "requires_constrained", False):
         rollout = dataclasses.replace(rollout, constrained=True)
     return Arm(name, checkpoint, env, rollout)
-
-
-def read_checkpoint(spec: str) -> shadow.Checkpoint:
-    """`shadow.load_checkpoint(spec)`; a folder it cannot read (a damaged provenance.json
-    or checkpoint, a STEP that is no number) is refused in one line naming `spec`."""
-    folder_spec = spec.partition("#")[0]
-    step = folder_spec.partition("@")[2]
-    if step and not step.isdigit():
-        raise ValueError(f"{spec}: the checkpoint step {step!r} is no number (RUN_FOLDER@STEP)")
-    try:
-        with quiet_closed_loops():  # a damaged checkpoint: no 'Event loop is closed' noise
-            return shadow.load_checkpoint(spec)
-    except Exception as error:  # noqa: BLE001 - any failure to read means a damaged folder.
-        message = str(error).splitlines()[0] if str(error) else ""
-        if isinstance(error, ValueError) and message.startswith(spec):
-            raise ValueError(message) from None  # load_checkpoint's own, naming the spec
-        raise ValueError(
-            f"{spec}: cannot read the checkpoint ({type(error).__name__}: {message[:200]})"
-        ) from None
 
 
 def env_section(fields: Mapping[str, Any]) -> dict[str, Any]:

@@ -37,8 +37,10 @@ import numpy as np
 
 from experiments.studies import common
 from experiments.studies.sections import make
+from experiments.studies.sections import section
 from rlagent.analysis import report
 from rlagent.analysis import stats
+from rlagent.envs.toolworld import ToolWorldConfig
 from rlagent.envs.toolworld import horizon_config
 from rlagent.host import loop
 from rlagent.host import provenance
@@ -90,21 +92,48 @@ def family_config(
     config: ml_collections.ConfigDict, name: str, field: str = "envs"
 ) -> ml_collections.ConfigDict:
     """The experiment config of task family `name` (an entry of `config.<field>`): `l<k>`
-    sets `env.level`, `h<H>` every env field to those of `horizon_config(H)`."""
+    sets `env.level`, `h<H>` the `HORIZON_FIELDS` to those of `horizon_config(H)`.
+
+    An env field the user set (not the section's default) is kept; one the family would
+    replace with another value is refused naming it, never silently overridden."""
     out = ml_collections.ConfigDict(config.to_dict())
     kind, number = name[:1], name[1:]
     if kind not in ("l", "h") or not number.isdigit():
         raise ValueError(f"config.{field}: {name!r} is neither 'l<level>' nor 'h<horizon>'.")
+    given = _set_fields(config.env)
     try:
         if kind == "l":
+            if given.get("level", int(number)) != int(number):
+                raise ValueError(
+                    f"config.env.level={given['level']} is set, but the family sets the "
+                    f"level to {number}; leave config.env.level at its default or choose "
+                    f"the family l{given['level']}"
+                )
             out.env.level = int(number)
         else:
-            fields = dataclasses.asdict(horizon_config(int(number)))
-            out.env.update({k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+            # The user's own horizon fields are kept; horizon_config refuses those that
+            # would change the shortest plan.
+            overrides = {k: given[k] for k in HORIZON_FIELDS if k in given}
+            fields = dataclasses.asdict(horizon_config(int(number), **overrides))
+            out.env.update({k: _plain(fields[k]) for k in HORIZON_FIELDS})
         common.build(out)  # a bad field is named now, before anything is trained.
     except ValueError as error:
         raise ValueError(f"config.{field}: {name!r}: {error}") from None
     return out
+
+
+# The env fields a task family sets: `l<k>` the level, `h<H>` these (`horizon_config`).
+HORIZON_FIELDS = ("level", "kinds", "num_intents", "num_distractors", "max_turns")
+
+
+def _plain(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _set_fields(env: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The `env` fields whose value differs from the section's default (`section`)."""
+    default = section(ToolWorldConfig)
+    return {k: _plain(v) for k, v in env.items() if k in default and _plain(v) != default[k]}
 
 
 def conditions(config: ml_collections.ConfigDict) -> list[tuple[str, int, str, float]]:

@@ -16,6 +16,9 @@ What a run folder guarantees:
   `chunk_size`, `stop_after`, `progress`, `tensorboard` and `mesh` are not part of it.
 - A checkpoint that cannot be read is named, removed, and the newest readable one is
   used; metrics past the restored step are dropped.
+- Step 0, the start (after `initial_params`, before the first update), is checkpointed
+  and kept beside the newest two, so the policy before RL can be served or A/B tested
+  (`rlagent.host.shadow.load_checkpoint("RUN_FOLDER@0")`).
 - A non-finite loss or gradient (flagged inside the compiled update, which then skips
   that parameter update) stops the run at the next metric write with `Diverged`; the
   state of that chunk is not checkpointed, so the last checkpoint is finite.
@@ -45,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from orbax.checkpoint import checkpoint_managers
 from tqdm.auto import tqdm
 
 from rlagent.credit.probe import ProbeConfig
@@ -152,6 +156,8 @@ def run(
     try:
         manager = checkpoint_manager(workdir) if checkpoint else None
         done, state, rows = resume_state(manager, writer, state, runs, resume=resume)
+        if manager is not None and done == 0 and 0 not in manager.all_steps():
+            save_state(manager, 0, state)  # the start: the policy before RL
         evaluate = _evaluator(trainer, env, rollout_config, evaluation)
         rows = _train(
             chunks, evaluate, state, done=done, rows=rows, runs=runs, config=config,
@@ -365,14 +371,16 @@ def _restore(
 ) -> tuple[int, RunnerState | Curriculum]:
     """The newest readable checkpoint that the metrics reach (`reach`: the last update
     with every run's row); unreadable ones and those past the metrics (rows lost from a
-    cut metrics.csv) are named and removed. Refuses when checkpoints exist but none is
-    at or before `reach`."""
+    cut metrics.csv) are named and removed. Refuses when checkpoints after the start exist
+    but none is at or before `reach` (every metric row lost: a start over needs
+    `--overwrite`)."""
     steps = sorted(manager.all_steps(), reverse=True)
-    if steps and min(steps) > reach:  # refused before anything is removed
+    trained = [step for step in steps if step > 0]  # step 0 is the start, always kept
+    if trained and min(trained) > reach:  # refused before anything is removed
         raise RunError(
             f"--resume: metrics.csv in {os.path.dirname(manager.directory)} holds every run's "
-            f"rows up to update {reach} only, and no checkpoint is at or before it (oldest "
-            f"{min(steps)}); pass --overwrite to start the run again."
+            f"rows up to update {reach} only, and no checkpoint after the start is at or "
+            f"before it (oldest {min(trained)}); pass --overwrite to start the run again."
         )
     for step in steps:
         if step > reach:
@@ -492,7 +500,7 @@ def _divergence_message(metrics, t, done, runs, manager) -> str:
         if any(metrics[name][i, t] > 0 for name in NONFINITE_METRICS)
     ]
     kept = manager.latest_step() if manager is not None else None
-    where = f"checkpoint of update {kept} kept" if kept else "no checkpoint kept"
+    where = "no checkpoint kept" if kept is None else f"checkpoint of update {kept} kept"
     return (
         f"Diverged at update {done + t + 1}: non-finite {'; '.join(bad)}. Training "
         f"stopped ({where}); lower the learning rate or check the rewards."
@@ -589,10 +597,17 @@ def _raise_failed_checks(error, done: int, length: int, runs) -> None:
 
 
 def checkpoint_manager(workdir: str) -> ocp.CheckpointManager:
-    """The Orbax manager of `<workdir>/checkpoints` (the newest two kept). Synchronous
-    saves: the loop waits for each checkpoint anyway, and an error (a full or unwritable
-    disk) is raised here instead of in a background thread."""
+    """The Orbax manager of `<workdir>/checkpoints`: the newest two kept, and step 0 (the
+    start, before any update: `run` writes it) kept always, so that a run's policy before
+    and after RL can be served or A/B tested. Synchronous saves: the loop waits for each
+    checkpoint anyway, and an error (a full or unwritable disk) is raised here instead of
+    in a background thread."""
+    policy = checkpoint_managers.AnyPreservationPolicy(
+        [checkpoint_managers.LatestN(2), checkpoint_managers.CustomSteps([0])]
+    )
     return ocp.CheckpointManager(
         os.path.abspath(os.path.join(workdir, "checkpoints")),
-        options=ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=False),
+        options=ocp.CheckpointManagerOptions(
+            preservation_policy=policy, enable_async_checkpointing=False
+        ),
     )

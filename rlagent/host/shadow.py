@@ -57,6 +57,7 @@ from flax import nnx
 from rlagent.envs.base import Environment
 from rlagent.envs.base import env_name
 from rlagent.host import provenance
+from rlagent.host.loop import quiet_closed_loops
 from rlagent.models import Policy
 from rlagent.models import PolicyConfig
 from rlagent.pipeline.warm_start import WarmStartConfig
@@ -489,7 +490,27 @@ class Checkpoint(NamedTuple):
 def load_checkpoint(spec: str) -> Checkpoint:
     """The policy of `RUN_FOLDER[@STEP][#CONDITION/SEED]`: a folder with `checkpoints/`
     and `provenance.json` (the host loop's run folder, or `save_checkpoint`'s); STEP
-    defaults to the newest, the run to the only one (several are refused by name)."""
+    defaults to the newest (`@0`: the loop's start, before RL), the run to the only one
+    (several are refused by name). A folder it cannot read (a damaged provenance.json or
+    checkpoint, a STEP that is no number) is refused in one line naming `spec`."""
+    step_text = spec.partition("#")[0].partition("@")[2]
+    if step_text and not step_text.isdigit():
+        raise ValueError(
+            f"{spec}: the checkpoint step {step_text!r} is no number (RUN_FOLDER@STEP)"
+        )
+    try:
+        with quiet_closed_loops():  # a damaged checkpoint: no 'Event loop is closed' noise
+            return _load_checkpoint(spec)
+    except Exception as error:  # noqa: BLE001 - any failure to read means a damaged folder.
+        message = str(error).splitlines()[0] if str(error) else ""
+        if isinstance(error, ValueError) and message.startswith(spec):
+            raise ValueError(message) from None  # our own, naming the spec
+        raise ValueError(
+            f"{spec}: cannot read the checkpoint ({type(error).__name__}: {message[:200]})"
+        ) from None
+
+
+def _load_checkpoint(spec: str) -> Checkpoint:
     folder, _, run = spec.partition("#")
     folder, _, step_text = folder.partition("@")
     stored = provenance.read(folder)

@@ -16,7 +16,6 @@ from flax import nnx
 
 from experiments import dialogue_baselines
 from experiments import mastermind_differential
-from experiments.studies import ab_test
 from experiments.studies import common
 from rlagent.envs.toolworld import ToolWorldConfig
 from rlagent.host import provenance
@@ -143,15 +142,15 @@ def test_damaged_checkpoint_folders_are_refused_naming_them(tmp_path, tiny_polic
         str(folder), nnx.state(Policy(policy_config, rngs=nnx.Rngs(0))), config, step=1
     )
     with pytest.raises(ValueError, match=r"@abc: the checkpoint step 'abc' is no number"):
-        ab_test.read_checkpoint(f"{folder}@abc")
+        shadow.load_checkpoint(f"{folder}@abc")
     for path in (folder / "checkpoints" / "1").rglob("*"):
         if path.is_file():
             path.write_text("garbage")
     with pytest.raises(ValueError, match=rf"^{folder}: cannot read the checkpoint \("):
-        ab_test.read_checkpoint(str(folder))
+        shadow.load_checkpoint(str(folder))
     (folder / "provenance.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"provenance.json is not valid JSON"):
-        ab_test.read_checkpoint(str(folder))
+        shadow.load_checkpoint(str(folder))
 
 
 def test_baseline_scripts_refuse_counts_and_levels_that_measure_nothing():
