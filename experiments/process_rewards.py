@@ -3,6 +3,7 @@ r"""Process rewards without hand labels: label quality, PRM-weighted PPO, reward
   python -m experiments.process_rewards --workdir=runs/process_rewards
   python -m experiments.process_rewards --config=experiments/configs/process_rewards_accel.py
   python -m experiments.process_rewards --config.seeds=2 --config.train.num_updates=20
+  python -m experiments.process_rewards --workdir=runs/process_rewards --report_only
 
 Trains PPO with the outcome reward, the oracle verdict (process, potential), the noisy
 oracle and learned process reward models (completion, progress, implicit; sum / min /
@@ -20,16 +21,23 @@ diverges.
 from __future__ import annotations
 
 from absl import app
+from absl import flags
 
 from experiments import launch
 from experiments.studies import process_rewards
 
 _FLAGS = launch.define_flags("process_rewards", distributed=True)
+_REPORT_ONLY = flags.DEFINE_bool(
+    "report_only",
+    False,
+    "Only rewrite the report (summary.md, summary.json, the plots) of a finished study in "
+    "--workdir from its metrics.csv and label_quality.csv.",
+)
 
 
 def main(argv):
     del argv
-    launch.run_study(process_rewards.run, _FLAGS)
+    launch.run_study(process_rewards.run, _FLAGS, report_only=_REPORT_ONLY.value)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import ml_collections
 from experiments.studies import common
 from experiments.studies import envs
 from experiments.studies import label_quality as study
+from rlagent.analysis import paired
 from rlagent.analysis import report
 from rlagent.analysis import stats
 from rlagent.analysis.stats import format_mean_ci
@@ -40,7 +41,10 @@ from rlagent.host.writers import MetricWriter
 # Per-seed means over the final updates, per learned condition (the hacking table).
 HACKING_METRICS = ("success", "turns", "turns_over_plan", "collapse_rate", "prm_auroc")
 # The PRM-weighted forms compared, in table order; the first is the one suspected of farming.
-FORMS = ("learned_sum", "learned_min", "learned_potential")
+FORMS = ("learned_sum", "learned_min", "learned_centred", "learned_potential")
+# The paired family's metrics (per-seed keys of `report.summarize`): held-out sampled
+# success and AUC at equal total turns.
+PAIRED_METRICS = ("eval_sampled_success", "auc")
 TITLE = "process rewards without hand labels"
 
 
@@ -52,16 +56,28 @@ def run(
     overwrite: bool = False,
     mesh: jax.sharding.Mesh | None = None,
     progress: bool = True,
+    report_only: bool = False,
 ) -> dict[str, Any]:
     """Trains, labels and reports into `workdir`; returns the summary written to JSON.
 
     With `resume`, a finished label study (label_quality.csv) is kept, not recomputed.
+    `report_only` only rewrites the report (summary.*, the plots) of a finished study from
+    its metrics.csv and label_quality.csv; provenance.json is left as the run wrote it.
     """
     start = time.time()
     runs = common.prm_runs(config)  # config errors before anything is written
     label_env = _label_env(config)
     study.validate(config.labels, label_env)
     title = f"{envs.title(config.env)}: {TITLE}"
+    label_writer = MetricWriter(workdir, tensorboard=False, filename=study.FILENAME)
+    if report_only:
+        rows, label_rows = MetricWriter(workdir, tensorboard=False).read(), label_writer.read()
+        if not rows or not label_rows:
+            raise ValueError(f"--report_only: {workdir} holds no finished study to report")
+        summary = common.write_training_report(
+            rows, workdir, title=title, experience=report.TOTAL_TURNS
+        )
+        return write_report(workdir, summary, rows, label_rows, title=title)
     summary = common.run_and_report(
         runs,
         config,
@@ -74,33 +90,49 @@ def run(
         experience=report.TOTAL_TURNS,
     )
     rows = MetricWriter(workdir, tensorboard=False).read()
-    plot_curves(rows, os.path.join(workdir, "curves.png"), title=title)
-    label_writer = MetricWriter(workdir, tensorboard=False, filename=study.FILENAME)
     label_rows = label_writer.read() if resume else []
     if not label_rows:
         label_rows = study.run(config.labels, label_env, workdir)
+    full = write_report(workdir, summary, rows, label_rows, title=title)
+    # run_and_report recorded the checkout at the start; the label study adds its rows.
+    record = provenance.read(workdir) or provenance.collect(config.to_dict())
+    record = {**record, "label_rows": len(label_rows), "wall_s": round(time.time() - start, 1)}
+    provenance.write(workdir, provenance.finish(record))
+    return full
+
+
+def write_report(
+    workdir: str,
+    summary: Mapping[str, Any],
+    rows: Sequence[Mapping[str, Any]],
+    label_rows: Sequence[Mapping[str, Any]],
+    *,
+    title: str,
+) -> dict[str, Any]:
+    """curves.png, summary.md and summary.json of the training summary, the paired
+    family, the label study and the hacking table; prints all but the training table."""
+    plot_curves(rows, os.path.join(workdir, "curves.png"), title=title)
     hacking = hacking_table(rows)
+    family = paired_table(summary)
     full = {
         **summary,
+        "paired": family,
         "label_quality": study.summarize(label_rows),
         "hacking": hacking,
     }
     text = (
         f"# {title}\n\n## PPO: success vs total environment turns\n\n"
         + report.markdown_table(summary)
+        + paired_markdown(family)
         + "\n## Label quality (automatic step labels vs the oracle verdict)\n"
         + study.markdown(full["label_quality"])
-        + "\n## Reward hacking: sum vs min vs potential form of each PRM\n\n"
+        + "\n## Reward hacking: sum vs min vs centred vs potential form of each PRM\n\n"
         + hacking_markdown(hacking)
     )
     with open(os.path.join(workdir, "summary.md"), "w") as f:
         f.write(text)
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(full, f, indent=2)
-    # run_and_report recorded the checkout at the start; the label study adds its rows.
-    record = provenance.read(workdir) or provenance.collect(config.to_dict())
-    record = {**record, "label_rows": len(label_rows), "wall_s": round(time.time() - start, 1)}
-    provenance.write(workdir, provenance.finish(record))
     print(text[text.index("## Label quality") :])
     return full
 
@@ -135,6 +167,57 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: str, *, title: str = TI
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def paired_table(
+    summary: Mapping[str, Any], *, reference: str = "outcome", reps: int = 10_000
+) -> dict[str, list[dict[str, Any]]]:
+    """The pre-declared paired family per metric of PAIRED_METRICS: every condition
+    against `reference`, and every other form of a PRM against its sum form (the form the
+    study found to collapse), paired over seeds (a seed's runs share its initial policy
+    and keys). Each: mean difference with a paired bootstrap CI, sign-flip p, Holm over
+    the metric's family (`paired.paired_family`). Empty without `reference`'s runs."""
+    conditions = summary["conditions"]
+    if reference not in conditions:
+        return {}
+    pairs = [(reference, name) for name in conditions if name != reference]
+    for name in conditions:
+        form, _, spec = name.partition("/prm=")
+        summed = f"{FORMS[0]}/prm={spec}"
+        if spec and form in FORMS[1:] and summed in conditions:
+            pairs.append((summed, name))
+    out = {}
+    for metric in PAIRED_METRICS:
+        by_seed = {
+            name: dict(zip(entry["seeds"], entry["per_seed"][metric], strict=True))
+            for name, entry in conditions.items()
+            if metric in entry["per_seed"]
+        }
+        comparisons = [(a, b, by_seed[a], by_seed[b]) for a, b in pairs if {a, b} <= set(by_seed)]
+        out[metric] = paired.paired_family(comparisons, reps=reps)
+    return out
+
+
+def paired_markdown(family: Mapping[str, list[dict[str, Any]]]) -> str:
+    """`paired_table` as one Markdown table (empty string when there is nothing)."""
+    rows = [(metric, e) for metric in PAIRED_METRICS for e in family.get(metric, [])]
+    if not rows:
+        return ""
+    names = {"eval_sampled_success": "held-out sampled success", "auc": "AUC at equal turns"}
+    lines = [
+        "\nPaired over seeds (a seed's runs share its initial policy): B minus A, mean [95% "
+        "paired bootstrap CI], sign-flip p, Holm within each metric's family (* p_holm < "
+        "0.05):\n",
+        "| metric | B | A | B - A | pairs | p | p (Holm) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for metric, e in rows:
+        d, mark = e["difference"], " *" if e["significant"] else ""
+        lines.append(
+            f"| {names[metric]} | {e['b']} | {e['a']} | {d['value']:+.3f} [{d['low']:+.3f}, "
+            f"{d['high']:+.3f}] | {e['num_pairs']} | {e['p_value']:.3g} | {e['p_holm']:.3g}{mark} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _label_env(config: ml_collections.ConfigDict) -> Environment:

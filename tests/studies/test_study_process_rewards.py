@@ -185,6 +185,44 @@ def test_hacking_table_pairs_forms_per_seed():
     assert "fewer than 2 seeds" in prm_experiment.hacking_markdown(one_seed)
 
 
+def test_paired_table_is_the_declared_family_paired_by_seed():
+    values = {  # per seed 0..5: held-out success; AUC = success / 10
+        "outcome": [0.1, 0.2, 0.0, 0.3, 0.1, 0.2],
+        "learned_sum/prm=completion": [0.0, 0.0, 0.0, 0.1, 0.0, 0.0],
+        "learned_centred/prm=completion": [0.4, 0.6, 0.3, 0.7, 0.5, 0.5],
+        "learned_potential/prm=completion": [0.1, 0.2, 0.0, 0.3, 0.1, 0.2],
+    }
+    order = [3, 1, 0, 5, 2, 4]  # seeds listed out of order: pairing is by seed, not position
+    summary = {"conditions": {
+        name: {"seeds": order, "per_seed": {
+            "eval_sampled_success": [v[s] for s in order], "auc": [v[s] / 10 for s in order]}}
+        for name, v in values.items()
+    }}  # fmt: skip
+    family = prm_experiment.paired_table(summary, reps=2000)
+    pairs = [(e["a"], e["b"]) for e in family["eval_sampled_success"]]
+    assert pairs == [("outcome", name) for name in list(values)[1:]] + [
+        ("learned_sum/prm=completion", "learned_centred/prm=completion"),
+        ("learned_sum/prm=completion", "learned_potential/prm=completion"),
+    ]
+    entries = {(e["a"], e["b"]): e for e in family["eval_sampled_success"]}
+    centred = entries[("learned_sum/prm=completion", "learned_centred/prm=completion")]
+    diff = np.subtract(*(values[f"learned_{f}/prm=completion"] for f in ("centred", "sum")))
+    assert centred["difference"]["value"] == pytest.approx(diff.mean())
+    assert centred["num_pairs"] == 6 and centred["p_value"] == pytest.approx(2 / 64)  # all > 0
+    same = entries[("outcome", "learned_potential/prm=completion")]
+    assert same["difference"]["value"] == 0.0 and same["p_value"] == 1.0
+    p = [e["p_value"] for e in family["eval_sampled_success"]]
+    holm = np.minimum(1, np.maximum.accumulate(np.sort(p) * (len(p) - np.arange(len(p)))))
+    np.testing.assert_allclose(sorted(e["p_holm"] for e in family["eval_sampled_success"]), holm)
+    assert family["auc"][0]["difference"]["value"] == pytest.approx(
+        np.mean(np.subtract(values["learned_sum/prm=completion"], values["outcome"])) / 10
+    )
+    text = prm_experiment.paired_markdown(family)
+    assert "| held-out sampled success | learned_centred/prm=completion | outcome |" in text
+    assert prm_experiment.paired_table({"conditions": {}}) == {}
+    assert prm_experiment.paired_markdown({}) == ""
+
+
 def test_total_turns_count_label_turns_cumulatively():
     rows = _rows("learned_sum/prm=completion", 0, 0.5, 4.0, label_turns=50.0, updates=3)
     rows += _rows("outcome", 0, 0.5, 4.0, updates=3)
@@ -231,3 +269,11 @@ def test_launcher_writes_every_file(label_run, tmp_path):
     assert len(rows) == 1 + 2 * 2 and "label_turns" in rows[0] and "total_turns" in rows[0]
     with pytest.raises(loop.RunError, match="not empty"):
         prm_experiment.run(config, str(tmp_path), progress=False)
+    # --report_only rebuilds the same report from the files, provenance untouched.
+    text, record = (tmp_path / "summary.md").read_text(), (tmp_path / "provenance.json").read_text()
+    again = prm_experiment.run(config, str(tmp_path), progress=False, report_only=True)
+    assert (tmp_path / "summary.md").read_text() == text
+    assert (tmp_path / "provenance.json").read_text() == record
+    assert again["hacking"] == summary["hacking"] and again["paired"] == {}
+    with pytest.raises(ValueError, match="no finished study"):
+        prm_experiment.run(config, str(tmp_path / "empty"), progress=False, report_only=True)
