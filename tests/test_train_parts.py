@@ -19,6 +19,7 @@ from rlagent.host.writers import MetricWriter
 from rlagent.losses import AGG_MODES
 from rlagent.returns import compose_rewards
 from rlagent.rollout import TokenScores
+from rlagent.text.toolworld import make_toolworld_text
 from rlagent.train import estimators
 from rlagent.train.config import ESTIMATORS
 from rlagent.train.config import REWARDS
@@ -33,6 +34,7 @@ from rlagent.train.ppo import _TokenTargets
 from rlagent.train.ppo import episode_metrics
 from rlagent.train.rewards import POTENTIAL_SCALE
 from rlagent.train.rewards import ReturnStats
+from rlagent.train.rewards import check_forms
 from rlagent.train.rewards import reward_weights
 from rlagent.train.rewards import scale_rewards
 from rlagent.train.rewards import turn_rewards
@@ -118,6 +120,24 @@ def test_violation_penalty_is_paid_once_per_violating_turn():
     )
     got = turn_rewards(traj, _config(reward="outcome", violation_penalty=0.5))
     np.testing.assert_allclose(got, np.asarray(traj.signals["outcome"]) - 0.5 * (violations > 0))
+
+
+def test_malformed_penalty_is_paid_per_malformed_turn_and_needs_the_signal():
+    malformed = np.zeros((B, S), np.float32)
+    malformed[0, 0] = malformed[1, 2] = 1.0
+    traj = _trajectory()
+    traj = traj._replace(signals={**traj.signals, "malformed": jnp.asarray(malformed)})
+    valid = np.asarray(traj.turn_mask, np.float32)
+    verdict = np.asarray(traj.signals["verdict"]) * valid
+    got = turn_rewards(traj, _config(reward="process", malformed_penalty=0.25))
+    np.testing.assert_allclose(got, verdict - 0.25 * malformed * valid)
+    np.testing.assert_allclose(turn_rewards(traj, _config(reward="process")), verdict)
+    config = _config(reward="outcome", malformed_penalty=0.25)
+    with pytest.raises(ValueError, match="malformed"):  # ToolWorld's token turns report none
+        check_forms(ToolWorld(), config, ["outcome"], "config.conditions")
+    check_forms(make_toolworld_text(level=1), config, ["outcome"], "config.conditions")
+    with pytest.raises(ValueError, match="TrainConfig.malformed_penalty must be >= 0"):
+        _config(malformed_penalty=-1.0)
 
 
 def test_scale_rewards_brings_the_return_std_to_one():

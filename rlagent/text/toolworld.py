@@ -123,7 +123,7 @@ class ToolWorldText:
     """ToolWorld as a text environment (module docstring); `copy.deepcopy` forks it."""
 
     signal_names = (*ToolWorld.signal_names, MALFORMED_SIGNAL)
-    reward_components = ToolWorld.reward_components
+    reward_components = (*ToolWorld.reward_components, MALFORMED_SIGNAL)
 
     def __init__(self, config: ToolWorldConfig):
         if config.guardrail == "mask":

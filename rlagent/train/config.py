@@ -61,6 +61,7 @@ class TrainConfig:
     dialogue_weights: tuple[float, float, float] = (1.0, 1.0, 1.0)  # fluency, factuality, feedback
     prm_temperature: float = 0.1  # temperature of the min-form PRM credit.
     violation_penalty: float = 0.0  # subtracted once per turn that breaks a guardrail rule.
+    malformed_penalty: float = 0.0  # subtracted per malformed turn (text environments' signal).
     estimator: str = "gae_turn"  # one of ESTIMATORS.
     # ToolWorld's turn limit is part of the task (running out of turns fails it), so by
     # default a truncated episode is not bootstrapped from V (Pardo et al., 2018).
@@ -175,6 +176,7 @@ class TrainConfig:
             "kl_coef": self.kl_coef >= 0,
             "weight_decay": self.weight_decay >= 0,
             "violation_penalty": self.violation_penalty >= 0,
+            "malformed_penalty": self.malformed_penalty >= 0,
             "gigpo_omega": self.gigpo_omega >= 0,
             "tree_omega": self.tree_omega >= 0,
             "warmup_updates": 0 <= self.warmup_updates <= self.num_updates,
@@ -221,14 +223,15 @@ _INTEGER_FIELDS = (
     "tree_branches",
 )  # fmt: skip
 _REAL_FIELDS = (
-    "reward_weights", "dialogue_weights", "prm_temperature", "violation_penalty", "gamma", "lam",
-    "gigpo_omega", "tree_omega", "clip_low", "clip_high", "dual_clip", "value_coef", "value_clip",
+    "reward_weights", "dialogue_weights", "prm_temperature", "violation_penalty",
+    "malformed_penalty", "gamma", "lam", "gigpo_omega", "tree_omega", "clip_low", "clip_high",
+    "dual_clip", "value_coef", "value_clip",
     "entropy_coef", "kl_coef", "kl_target", "kl_horizon", "learning_rate", "weight_decay",
     "max_grad_norm",
 )  # fmt: skip
 _NON_NEGATIVE = (
-    "value_coef", "entropy_coef", "kl_coef", "weight_decay", "violation_penalty", "gigpo_omega",
-    "tree_omega",
+    "value_coef", "entropy_coef", "kl_coef", "weight_decay", "violation_penalty",
+    "malformed_penalty", "gigpo_omega", "tree_omega",
 )  # fmt: skip
 _RANGES = {
     **dict.fromkeys(_NON_NEGATIVE, ">= 0"),

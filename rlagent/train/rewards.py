@@ -59,9 +59,11 @@ COMPONENT_SIGNALS = {
     "feedback": "feedback",
     "rating": "rating",
     "coherence": "coherence",
+    # Text environments (rlagent.text): 1 on a turn whose text parses as no valid call.
+    "malformed": "malformed",
 }
 # Components that are the environment's signal as it is (masked to played turns).
-DIRECT = ("fluency", "factuality", "feedback", "rating", "coherence")
+DIRECT = ("fluency", "factuality", "feedback", "rating", "coherence", "malformed")
 COMPONENTS = tuple(COMPONENT_SIGNALS)
 
 # Potential Phi_s = POTENTIAL_SCALE * (number of valid plan steps taken before turn s):
@@ -110,7 +112,9 @@ def reward_weights(config: TrainConfig, reward: str | None = None) -> np.ndarray
     The learned forms read a PRM's scores (their components are 0 without them):
     `make_train` and `rlagent.host.loop.run` refuse them without a PRM.
     Every form subtracts `config.violation_penalty` once per turn that breaks a guardrail
-    rule, however many rules it breaks (a blocked call in penalise mode costs it once).
+    rule, however many rules it breaks (a blocked call in penalise mode costs it once), and
+    `config.malformed_penalty` per malformed turn (a text environment's `malformed` signal:
+    output that parses as no valid call; refused for an environment without it).
     """
     reward = config.reward if reward is None else reward
     if reward not in REWARDS:
@@ -133,6 +137,7 @@ def reward_weights(config: TrainConfig, reward: str | None = None) -> np.ndarray
     weights = dict.fromkeys(COMPONENTS, 0.0)
     weights.update(forms[reward])
     weights["violations"] = -config.violation_penalty
+    weights["malformed"] = -config.malformed_penalty
     return np.asarray([weights[name] for name in COMPONENTS], np.float32)
 
 
