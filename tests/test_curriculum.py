@@ -1,5 +1,6 @@
 """The success-driven curriculum (rlagent.pipeline.curriculum) and its resume in the loop."""
 
+import dataclasses
 import math
 
 import jax
@@ -75,6 +76,10 @@ def _ref_probs(c, run):
     out = [0.0] * len(run["ema"])
     for k, w in zip(unlocked, weights, strict=True):
         out[k] = (1 - c.floor) * w / sum(weights) + c.floor / len(unlocked)
+    front = out[run["frontier"]]
+    if front < c.frontier_share:  # the frontier's floor; the rest share what is left
+        out = [p * (1 - c.frontier_share) / (1 - front) for p in out]
+        out[run["frontier"]] = c.frontier_share
     return out
 
 
@@ -110,7 +115,9 @@ def test_sampling_favours_half_success_and_down_weights_plateaus():
     np.testing.assert_allclose(probs[:2], [0.9 / 3 + 0.05, 0.9 * 2 / 3 + 0.05], rtol=1e-6)
 
 
-def test_scheduler_matches_the_plain_python_reference():
+@pytest.mark.parametrize("frontier_share", [0.0, 0.6])
+def test_scheduler_matches_the_plain_python_reference(frontier_share):
+    config = dataclasses.replace(CONFIG, frontier_share=frontier_share)
     rng = np.random.default_rng(0)
     runs, stages = 4, 3
     state = cur.init_state(runs, stages)
@@ -124,20 +131,23 @@ def test_scheduler_matches_the_plain_python_reference():
         progress = np.array([1.5, 1.0, 0.5, -1.0])[:, None] * update / 40
         skill = np.clip(0.5 + progress - 0.2 * np.arange(stages), 0.0, 1.0)
         solved = rng.binomial(episodes.astype(int), skill).astype(np.float32)
-        state = cur.observe(CONFIG, state, episodes, solved)
+        state = cur.observe(config, state, episodes, solved)
         for r in range(runs):
-            _ref_observe(CONFIG, ref[r], episodes[r], solved[r])
-        if update % CONFIG.every == 0:
-            state = cur.decide(CONFIG, state)
+            _ref_observe(config, ref[r], episodes[r], solved[r])
+        if update % config.every == 0:
+            state = cur.decide(config, state)
             for r in range(runs):
-                _ref_decide(CONFIG, ref[r])
+                _ref_decide(config, ref[r])
         np.testing.assert_allclose(state.ema, [r["ema"] for r in ref], rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(state.frontier, [r["frontier"] for r in ref])
         frontiers.append(state.frontier.copy())
         np.testing.assert_array_equal(state.stale, [r["stale"] for r in ref])
         np.testing.assert_allclose(
-            cur.sampling_probs(CONFIG, state), [_ref_probs(CONFIG, r) for r in ref], rtol=1e-5
+            cur.sampling_probs(config, state), [_ref_probs(config, r) for r in ref], rtol=1e-5
         )
+        if frontier_share:
+            front = cur.sampling_probs(config, state)[np.arange(runs), state.frontier]
+            assert np.all(front >= frontier_share - 1e-6)
     frontiers = np.stack(frontiers)
     assert frontiers.max() == stages - 1  # promoted to the last stage
     assert np.any(np.diff(frontiers, axis=0) < 0)  # and demoted somewhere
@@ -155,7 +165,7 @@ def test_fixed_and_final_schedules():
 @pytest.mark.parametrize(
     "field, value",
     [("kind", "random"), ("every", 0), ("demote", 0.9), ("smoothing", 1.0), ("width", 0.0),
-     ("floor", -0.1), ("plateau_window", 1.5)],
+     ("floor", -0.1), ("plateau_window", 1.5), ("frontier_share", 1.5)],
 )  # fmt: skip
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"CurriculumConfig.{field}"):
@@ -232,6 +242,21 @@ def test_resume_restores_the_scheduler_state_exactly(tmp_path):
 
 
 @pytest.mark.slow
+def test_schedule_names_set_scheduler_fields():
+    from experiments.studies import curriculum as study
+
+    assert study.schedule_config(CONFIG, "fixed") == dataclasses.replace(CONFIG, kind="fixed")
+    got = study.schedule_config(CONFIG, "success/frontier_share=0.5/every=3")
+    assert got == dataclasses.replace(CONFIG, frontier_share=0.5, every=3)
+    for name, message in (
+        ("anneal", "unknown 'anneal'"), ("success/speed=2", "'speed=2' .* not field=value"),
+        ("success/kind=fixed", "not field=value"), ("success/every=2.5", "'2.5' is no int"),
+        ("success/frontier_share=2", r"'success/frontier_share=2': CurriculumConfig.frontier"),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match=f"config.schedules: .*{message}"):
+            study.schedule_config(CONFIG, name)
+
+
 def test_study_runs_end_to_end(tmp_path):
     from experiments.configs import curriculum as curriculum_config
     from experiments.studies import curriculum as study

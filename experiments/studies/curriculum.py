@@ -8,7 +8,9 @@ compiled program (`rlagent.host.loop.run(curriculum=)`), with
 * `success`: the scheduler of `config.curriculum` (promotion at a success threshold with
   hysteresis, sampling near 50% success with plateau detection);
 * `fixed`: stage `floor(update * K / num_updates)`, set in advance;
-* `final`: the last stage from the start.
+* `final`: the last stage from the start;
+* any of them with fields of `config.curriculum` changed: `success/frontier_share=0.5`
+  (`schedule_config`; its run folder is `success_frontier_share0.5`).
 
 Every schedule is evaluated on held-out episodes of the last stage (the target task),
 sampled and greedy, every `config.eval.every` updates, and compared at equal environment
@@ -58,10 +60,8 @@ def run(
     common.check_counts(config, common.RUN_COUNTS)
     stages = common.names(config.stages, "stages", "stage")
     schedules = common.names(config.schedules, "schedules", "schedule")
-    unknown = [s for s in schedules if s not in KINDS]
-    if unknown:
-        raise ValueError(f"config.schedules: unknown {unknown}; known: {KINDS}.")
     base = make(CurriculumConfig, config.curriculum, "curriculum")
+    schedulers = {name: schedule_config(base, name) for name in schedules}  # errors first
     setup = common.build(config)
     if not setup.eval_config.every:
         raise ValueError("config.eval.every must be > 0: schedules are compared held out.")
@@ -76,12 +76,11 @@ def run(
     seeds = list(range(config.first_seed, config.first_seed + config.seeds))
     rows = []
     for schedule in schedules:
-        scheduler = Scheduler(
-            dataclasses.replace(base, kind=schedule), mixture, setup.train_config.num_updates
-        )
+        scheduler = Scheduler(schedulers[schedule], mixture, setup.train_config.num_updates)
+        folder = os.path.join(workdir, schedule.replace("/", "_").replace("=", ""))
         run_rows = loop.run(
             setup.train_config, mixture, setup.policy_config, setup.rollout_config,
-            evaluation=setup.eval_config, seeds=seeds, workdir=os.path.join(workdir, schedule),
+            evaluation=setup.eval_config, seeds=seeds, workdir=folder,
             chunk_size=config.chunk_size, resume=resume, overwrite=overwrite,
             progress=progress, curriculum=scheduler,
         )  # fmt: skip
@@ -90,6 +89,35 @@ def run(
     wall = round(time.time() - start, 1)
     provenance.write(workdir, provenance.finish({**record, "wall_s": wall}))
     return summary
+
+
+def schedule_config(base: CurriculumConfig, name: str) -> CurriculumConfig:
+    """The scheduler of schedule `name`: a kind of KINDS, optionally with field overrides
+    of `config.curriculum` (`success/frontier_share=0.5/promote=0.6`), refused naming
+    `config.schedules`."""
+    kind, *overrides = name.split("/")
+    if kind not in KINDS:
+        raise ValueError(f"config.schedules: unknown {kind!r} in {name!r}; known: {KINDS}.")
+    fields = {}
+    for override in overrides:
+        key, _, text = override.partition("=")
+        if key in ("", "kind") or key not in base.__dataclass_fields__ or not text:
+            known = ", ".join(f for f in base.__dataclass_fields__ if f != "kind")
+            raise ValueError(
+                f"config.schedules: {override!r} in {name!r} is not field=value of a "
+                f"CurriculumConfig field ({known})."
+            )
+        kind_of = type(getattr(base, key))
+        try:
+            fields[key] = kind_of(text) if kind_of is not int else int(text)
+        except ValueError:
+            raise ValueError(
+                f"config.schedules: {override!r} in {name!r}: {text!r} is no {kind_of.__name__}."
+            ) from None
+    try:
+        return dataclasses.replace(base, kind=kind, **fields)
+    except ValueError as error:
+        raise ValueError(f"config.schedules: {name!r}: {error}") from None
 
 
 def held_out_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

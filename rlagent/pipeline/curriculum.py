@@ -22,7 +22,11 @@ counts (`CurriculumConfig.kind`):
   `w_k = exp(-((p_k - target) / width)^2 / 2)` (p_k the EMA, `target` for a stage not yet
   seen), times `plateau_factor` for a stage whose EMA has not risen by `plateau_delta`
   over its best in `plateau_window` decisions (plateau detection); probabilities are
-  `(1 - floor) w / sum(w) + floor / n_unlocked`.
+  `(1 - floor) w / sum(w) + floor / n_unlocked`. With `frontier_share` > 0 the frontier
+  gets at least that probability (the other unlocked stages scaled down to the rest):
+  the bump weighs a stage at 0% success as far from `target` as a mastered one, so a
+  newly unlocked stage would otherwise get the fewest episodes exactly when it has the
+  most to learn (docs/pipeline.md).
 * `fixed`: stage `floor(update * K / num_updates)`, one-hot (a schedule set in advance).
 * `final`: the last stage only (training on the final task from the start).
 
@@ -68,6 +72,7 @@ class CurriculumConfig:
     plateau_window: int = 4  # decisions without improvement that make a plateau.
     plateau_delta: float = 0.02  # improvement of the EMA over its best that counts.
     plateau_factor: float = 0.3  # weight multiplier of a plateaued stage.
+    frontier_share: float = 0.0  # least probability of the frontier stage (0: no floor).
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -79,7 +84,7 @@ class CurriculumConfig:
         for name in ("smoothing", "floor"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 self._fail(name, "must be in [0, 1)")
-        for name in ("promote", "demote", "target", "plateau_factor"):
+        for name in ("promote", "demote", "target", "plateau_factor", "frontier_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 self._fail(name, "must be in [0, 1]")
         if self.demote >= self.promote:
@@ -227,6 +232,12 @@ def sampling_probs(config: CurriculumConfig, state: SchedulerState) -> np.ndarra
     total = weights.sum(axis=1, keepdims=True)
     share = np.where(total > 0, weights / np.where(total > 0, total, 1.0), unlocked / count)
     probs = (1.0 - config.floor) * share + config.floor * unlocked / count
+    if config.frontier_share > 0:
+        at_front = np.arange(k)[None, :] == state.frontier[:, None]
+        front = np.sum(probs * at_front, axis=1, keepdims=True)
+        least = np.maximum(front, config.frontier_share)
+        rest = np.where(front < 1.0, (1.0 - least) / np.maximum(1.0 - front, 1e-12), 0.0)
+        probs = np.where(at_front, least, probs * rest)
     return probs.astype(np.float32)
 
 
