@@ -123,11 +123,10 @@ def run(
     read), `probe` (credit accuracy every `probe.every` updates), `evaluation` (rows also
     carry held-out evaluation metrics, NaN on updates not evaluated; chunks end at every
     evaluation). `stop_after` ends this call after that many updates in total (a
-    checkpoint is written; `resume=True` continues). `initial_params` (parameters with a
-    leading `[len(seeds)]` axis, e.g. from `rlagent.pipeline.warm_start`) replace each
-    seed's fresh initial policy and KL reference, alike for every condition;
-    `initial_params_config` (how they were made) joins the resolved config (`resume`
-    refuses another); `resume`, `overwrite`, `curriculum`, errors: the module docstring.
+    checkpoint is written; `resume=True` continues). `initial_params` (`[len(seeds)]`-led,
+    e.g. from `rlagent.pipeline.warm_start`) replace each seed's initial policy and KL
+    reference, alike for every condition; `initial_params_config` (how they were made)
+    joins the resolved config; `resume`, `overwrite`, `curriculum`: module docstring.
     """
     conditions = list(conditions) if conditions else [config.reward]
     check_arguments(config, env, rollout_config, seeds, conditions, prm=prm, probe=probe,
@@ -156,8 +155,7 @@ def run(
     try:
         manager = checkpoint_manager(workdir) if checkpoint else None
         done, state, rows = resume_state(manager, writer, state, runs, resume=resume)
-        if manager is not None and done == 0 and 0 not in manager.all_steps():
-            save_state(manager, 0, state)  # the start: the policy before RL
+        _save_start(manager, done, state)
         evaluate = _evaluator(trainer, env, rollout_config, evaluation)
         rows = _train(
             chunks, evaluate, state, done=done, rows=rows, runs=runs, config=config,
@@ -457,6 +455,12 @@ def quiet_closed_loops():
         yield
     finally:
         asyncio.set_event_loop_policy(previous)
+
+
+def _save_start(manager: ocp.CheckpointManager | None, done: int, state: Any) -> None:
+    """Checkpoints step 0, the start (the policy before RL), once per run folder."""
+    if manager is not None and done == 0 and 0 not in manager.all_steps():
+        save_state(manager, 0, state)
 
 
 def save_state(manager: ocp.CheckpointManager, step: int, state: Any) -> None:
