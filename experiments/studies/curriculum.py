@@ -109,7 +109,7 @@ def schedule_config(base: CurriculumConfig, name: str) -> CurriculumConfig:
             )
         kind_of = type(getattr(base, key))
         try:
-            fields[key] = kind_of(text) if kind_of is not int else int(text)
+            fields[key] = kind_of(text)
         except ValueError:
             raise ValueError(
                 f"config.schedules: {override!r} in {name!r}: {text!r} is no {kind_of.__name__}."
