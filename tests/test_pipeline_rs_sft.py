@@ -119,6 +119,12 @@ def test_study_config_errors_name_the_field():
     config.samples = "0"
     with pytest.raises(ValueError, match="config.samples"):
         rs_sft.conditions(config)
+    config = rs_sft_config.get_config()
+    config.base_steps = 3
+    assert [c[0] for c in rs_sft.conditions(config)][:2] == ["base", "oracle"]
+    config.base_steps = -1
+    with pytest.raises(ValueError, match="config.base_steps"):
+        rs_sft.conditions(config)
 
 
 def test_family_keeps_or_refuses_the_env_fields_the_user_set():
@@ -144,13 +150,20 @@ def test_family_keeps_or_refuses_the_env_fields_the_user_set():
 @pytest.mark.slow
 def test_study_runs_end_to_end(tmp_path):
     config = rs_sft_config.get_config()
-    config.update(dict(envs="l1", samples="2", thresholds="outcome@1", seeds=2))
+    config.update(dict(envs="l1", samples="2", thresholds="outcome@1", seeds=2, base_steps=1))
     config.sft.steps, config.train.num_updates, config.eval.every = 2, 2, 2
     config.eval.episodes, config.chunk_size = 8, 2
     config.train.update(dict(num_groups=2, group_size=4, num_minibatches=1))
     summary = rs_sft.run(config, str(tmp_path), progress=False)
     entry = summary["families"]["l1"]
-    assert set(entry["summary"]["conditions"]) == {"l1/scratch", "l1/oracle", "l1/rs_n2_outcome1"}
-    assert entry["heads"]["l1/oracle"]["sft_turns"][0] > 0
+    assert set(entry["summary"]["conditions"]) == {"l1/base", "l1/oracle", "l1/rs_n2_outcome1"}
+    heads = entry["heads"]
+    # Every condition starts from the one base policy (one oracle step of 16 episodes);
+    # its turns are part of every condition's SFT cost.
+    base = heads["l1/base"]["base_turns"]
+    assert base == heads["l1/base"]["sft_turns"] == heads["l1/oracle"]["base_turns"]
+    assert min(base) > 0
+    for label in ("l1/oracle", "l1/rs_n2_outcome1"):
+        assert all(s > b for s, b in zip(heads[label]["sft_turns"], base, strict=True))
     for name in ("summary.md", "summary.json", "sweep.png", "curves_l1.png", "provenance.json"):
         assert (tmp_path / name).exists()

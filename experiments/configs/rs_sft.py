@@ -31,6 +31,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.first_seed = 0
     config.chunk_size = 10  # updates per jitted call between metric writes / checkpoints.
     config.title = ""
+    # Oracle-cloning steps of the base policy every condition starts from (0: the random
+    # initial policy); > 0 gives a weak policy that solves some tasks sometimes.
+    config.base_steps = 0
 
     # SFT (rlagent.pipeline.warm_start.WarmStartConfig): steps of every SFT condition;
     # batch_size = oracle episodes per step (the oracle condition's data).

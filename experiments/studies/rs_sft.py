@@ -4,12 +4,18 @@ For every task family of `config.envs` (`l2`..`l4`: ToolWorld curriculum levels,
 the exact-horizon tasks of `horizon_config(H)`) every seed trains PPO (`rlagent.host.loop`)
 from one of these starting policies:
 
-* `scratch`: the random initial policy;
+* `scratch`: the random initial policy (`base` when `config.base_steps` > 0: see below);
 * `oracle`: behaviour cloning of oracle demonstrations (`warm_start.oracle_demonstrations`);
 * `rs_n<N>_<judge><T>`: `config.sft.steps` SFT steps, each on the best-of-N samples of the
   policy being fine-tuned (`rlagent.pipeline.rejection.best_of_n`: N per task for
   `config.rejection.tasks` tasks, accepted when the judge `config.rejection.judge` scores
   them >= T), for every N of `config.samples` and `judge@T` of `config.thresholds`.
+
+With `config.base_steps` > 0 every condition of a family starts from one *base* policy
+instead of the random one: that many steps of oracle cloning (its own key stream, the same
+base for every condition), a weak policy that solves some tasks sometimes, the setting
+best-of-N is meant for. The base's turns are counted in every condition's `sft_turns`
+(`base_turns` names them) and its held-out success is the `base` condition's head start.
 
 Every condition of a family shares one compiled RL program (and one SFT program per N: the
 threshold is data). Cost is counted in environment turns: the SFT episodes (sampled,
@@ -53,7 +59,9 @@ from rlagent.train.evaluation import make_evaluate
 from rlagent.train.ppo import make_train
 
 SFT_STREAM = 0x5F7  # folded into a seed's key for its SFT phase (the RL keys stay as they are).
+BASE_STREAM = 0xBA5  # folded into a seed's key for the base policy's oracle cloning.
 SFT_TURNS = "sft_turns"
+BASE_TURNS = "base_turns"  # of SFT_TURNS: the base policy's oracle cloning (config.base_steps)
 
 
 def run(
@@ -141,7 +149,12 @@ def conditions(config: ml_collections.ConfigDict) -> list[tuple[str, int, str, f
 
     `config.thresholds` entries are `judge@threshold` (a judge of
     `rlagent.preference.judges`, e.g. `outcome@1`, `process@2`)."""
-    out = [("scratch", 0, "", 0.0), ("oracle", -1, "", 0.0)]
+    if not isinstance(config.base_steps, int) or config.base_steps < 0:
+        raise ValueError(
+            f"config.base_steps: {config.base_steps!r}; need an int >= 0 (oracle-cloning "
+            "steps of the base policy every condition starts from; 0: the random policy)."
+        )
+    out = [("base" if config.base_steps else "scratch", 0, "", 0.0), ("oracle", -1, "", 0.0)]
     bars = []
     for spec in common.names(config.thresholds, "thresholds", "judge@threshold"):
         judge, _, value = spec.partition("@")
@@ -177,10 +190,10 @@ def _train_family(config, name, sft_config, rejection, *, workdir, resume, overw
             )
         )
     )  # fmt: skip
+    start, base_turns = _base_policy(config, setup, trainer, sft_config, keys)
     rows, heads, programs = [], {}, {}
     for label, n, judge, threshold in conditions(config):
-        params = jax.vmap(trainer.init)(keys).params
-        sft_turns, trace = np.zeros(len(seeds)), {}
+        params, sft_turns, trace = start, base_turns, {}
         if n:  # oracle (-1) or best-of-N (n > 0)
             if (n, judge) not in programs:  # one program per N and judge: thresholds are data
                 rs = dataclasses.replace(
@@ -188,7 +201,7 @@ def _train_family(config, name, sft_config, rejection, *, workdir, resume, overw
                 )
                 programs[n, judge] = _sft_program(setup, trainer, sft_config, rs, oracle=n < 0)
             params, sft = programs[n, judge](params, keys, threshold)
-            sft_turns = np.asarray(jnp.sum(sft.env_turns, axis=1))
+            sft_turns = base_turns + np.asarray(jnp.sum(sft.env_turns, axis=1))
             trace = {
                 "accept_rate": np.asarray(jnp.sum(sft.accepted, 1) / jnp.sum(sft.episodes, 1)),
                 "nll_first": np.asarray(sft.loss[:, 0]),
@@ -197,6 +210,7 @@ def _train_family(config, name, sft_config, rejection, *, workdir, resume, overw
         heads[label] = {
             **{k: np.asarray(v).tolist() for k, v in jax.device_get(evaluate(params)).items()},
             SFT_TURNS: sft_turns.tolist(),
+            BASE_TURNS: base_turns.tolist(),
             **{k: v.tolist() for k, v in trace.items()},
         }
         run_rows = loop.run(
@@ -205,7 +219,8 @@ def _train_family(config, name, sft_config, rejection, *, workdir, resume, overw
             chunk_size=config.chunk_size, resume=resume, overwrite=overwrite,
             progress=progress, initial_params=params,
             initial_params_config={"condition": label, "sft": dataclasses.asdict(sft_config),
-                                   "rejection": dataclasses.asdict(rejection)},
+                                   "rejection": dataclasses.asdict(rejection),
+                                   "base_steps": config.base_steps},
         )  # fmt: skip
         offset = dict(zip(seeds, sft_turns, strict=True))
         for row in run_rows:
@@ -215,9 +230,21 @@ def _train_family(config, name, sft_config, rejection, *, workdir, resume, overw
     return rows, heads
 
 
-def _sft_program(setup, trainer, sft_config, rejection, *, oracle: bool):
+def _base_policy(config, setup, trainer, sft_config, keys):
+    """`(params [seeds], turns [seeds])` every condition starts from: the random initial
+    policy, or `config.base_steps` oracle-cloning steps from it (its own key stream)."""
+    params = jax.vmap(trainer.init)(keys).params
+    if not config.base_steps:
+        return params, np.zeros(keys.shape[0])
+    base_config = dataclasses.replace(sft_config, steps=config.base_steps)
+    clone = _sft_program(setup, trainer, base_config, None, oracle=True, stream=BASE_STREAM)
+    params, trace = clone(params, keys, 0.0)
+    return params, np.asarray(jnp.sum(trace.env_turns, axis=1))
+
+
+def _sft_program(setup, trainer, sft_config, rejection, *, oracle: bool, stream=SFT_STREAM):
     """`jit(vmap(sft))(params [seeds], keys [seeds], threshold)`: oracle cloning or
-    best-of-N rejection sampling (`rejection`), from each seed's own SFT key stream."""
+    best-of-N rejection sampling (`rejection`), from each seed's own key stream `stream`."""
     if oracle:
         source = oracle_demonstrations(setup.env, sft_config.batch_size)
     else:
@@ -227,7 +254,7 @@ def _sft_program(setup, trainer, sft_config, rejection, *, oracle: bool):
     sft = make_sft(sft_config, [setup.env], [source], trainer.graphdef, setup.rollout_config)
 
     def seed_sft(params, key, threshold):
-        return sft(params, jax.random.fold_in(key, SFT_STREAM), threshold)
+        return sft(params, jax.random.fold_in(key, stream), threshold)
 
     return jax.jit(jax.vmap(seed_sft, in_axes=(0, 0, None)))
 
@@ -350,10 +377,10 @@ def plot_sweep(families: Mapping[str, Any], path: str) -> None:
 def _draw_sweep(ax, values: Mapping[str, Mapping[str, float]]) -> None:
     lines: dict[str, list[tuple[int, Mapping[str, float]]]] = {}
     for label, estimate in values.items():
-        if label in ("scratch", "oracle"):
+        if label in ("scratch", "base", "oracle"):
             ax.axhspan(estimate["low"], estimate["high"], alpha=0.15,
-                       color="grey" if label == "scratch" else "green", label=label)  # fmt: skip
-            ax.axhline(estimate["value"], color="grey" if label == "scratch" else "green", lw=1)
+                       color="green" if label == "oracle" else "grey", label=label)  # fmt: skip
+            ax.axhline(estimate["value"], color="green" if label == "oracle" else "grey", lw=1)
             continue
         n, bar = label.removeprefix("rs_n").split("_", 1)
         lines.setdefault(bar, []).append((int(n), estimate))
