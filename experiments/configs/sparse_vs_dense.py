@@ -4,12 +4,18 @@ Usage:
   python -m experiments.sparse_vs_dense --config=experiments/configs/sparse_vs_dense.py \
       --config.train.num_updates=80 --config.seeds=3
 
+  python -m experiments.sparse_vs_dense --config=experiments/configs/sparse_vs_dense.py:mastermind
+
 Each section holds every field of its typed config (defaults unless set here), so any
-field can be overridden from the command line.
+field can be overridden from the command line. A kind after the file name (`:mastermind`,
+`:dialogue`; experiments.studies.envs.KINDS) swaps the env section for that
+environment's, on its config's defaults (then `--config.env.<field>` sets its fields),
+and the model reads that environment's vocabulary; everything else stays as here.
 """
 
 import ml_collections
 
+from experiments.studies.envs import env_section
 from experiments.studies.sections import section
 from rlagent.credit.probe import ProbeConfig
 from rlagent.envs.toolworld import ToolWorldConfig
@@ -21,7 +27,8 @@ from rlagent.train.config import TrainConfig
 from rlagent.train.evaluation import EvalConfig
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(kind: str = "") -> ml_collections.ConfigDict:
+    """The main experiment; `kind` (`--config=<this file>:<kind>`): its environment."""
     config = ml_collections.ConfigDict()
     # Reward forms compared (rlagent.train.config.REWARDS); one training run each.
     config.conditions = "outcome,process,composed,potential"
@@ -73,4 +80,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.prm = section(PRMConfig)
     config.probe = section(ProbeConfig)
     config.eval = section(EvalConfig)
+    if kind:  # another environment, on its defaults; the model takes its vocabulary.
+        config.env = env_section(kind, **({"level": 2} if kind == "toolworld" else {}))
+        config.model.vocab_size = None
     return config

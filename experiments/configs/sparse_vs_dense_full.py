@@ -18,8 +18,9 @@ import ml_collections
 from experiments.configs import sparse_vs_dense
 
 
-def get_config() -> ml_collections.ConfigDict:
-    config = sparse_vs_dense.get_config()
+def get_config(kind: str = "") -> ml_collections.ConfigDict:
+    """`kind` (`--config=<this file>:<kind>`): the environment, as in sparse_vs_dense.py."""
+    config = sparse_vs_dense.get_config(kind)
     config.seeds = 30  # per condition; all conditions x seeds train under one vmap.
     # Held-out evaluation (rlagent.train.evaluation): sampled and greedy, every 30 updates
     # and after the last, on 64 fixed held-out episodes shared by every run.

@@ -357,8 +357,10 @@ def unknown_override(config: ml_collections.ConfigDict, argv: Sequence[str]) -> 
                 hint = ""
                 if where == "config.env" and name == "kind":  # ToolWorld's section has none
                     hint = (
-                        " The environment is the config file's: pass a --config whose env "
-                        "section is experiments.studies.envs.env_section('<kind>') (kinds: "
+                        " The environment is the config file's: name it after the file "
+                        "where the config takes one (--config=experiments/configs/"
+                        "sparse_vs_dense.py:<kind>), or pass a --config whose env section "
+                        "is experiments.studies.envs.env_section('<kind>') (kinds: "
                         f"{', '.join(ENV_KINDS)})."
                     )
                 return f"Unknown config field {where}.{name}; {where} has: {known}.{hint}"

@@ -122,6 +122,7 @@ def test_the_extras_sections_build_their_typed_configs():
     # ToolWorld's section has no kind: the message says where environments are chosen.
     message = common.unknown_override(config, ["--config.env.kind=mastermind"])
     assert "env_section('<kind>')" in message and "mastermind" in message
+    assert "sparse_vs_dense.py:<kind>" in message
     config.probe.episodes = 65  # above the 64 episodes of a batch
     with pytest.raises(ValueError, match=r"ProbeConfig.episodes .*batch_size=64"):
         common.build(config)
@@ -133,3 +134,20 @@ def test_the_extras_sections_build_their_typed_configs():
     old = {k: v for k, v in config.to_dict().items() if k not in ("prm", "probe", "eval")}
     setup = common.build(ml_collections.ConfigDict(old))
     assert setup[4:] == (PRMConfig(), ProbeConfig(), EvalConfig())
+
+
+@pytest.mark.parametrize("kind", ["mastermind", "dialogue", "toolworld"])
+def test_the_config_file_takes_the_environment_after_a_colon(kind):
+    # --config=experiments/configs/sparse_vs_dense.py:<kind> passes <kind> to get_config.
+    config = sparse_vs_dense_full.get_config(kind)
+    default = sparse_vs_dense.get_config()
+    assert config.env.kind == kind and config.seeds == 30
+    setup = common.build(config)  # the model reads the environment's vocabulary
+    assert setup.policy_config.vocab_size == setup.env.token_spec.vocab_size
+    assert {k: v for k, v in config.items() if k not in ("env", "model", "seeds", "eval")} == {
+        k: v for k, v in default.items() if k not in ("env", "model", "seeds", "eval")
+    }
+    if kind == "toolworld":  # the same task as the default section
+        assert common.build(default).env.config == setup.env.config
+    with pytest.raises(ValueError, match="config.env.kind: unknown environment 'chess'"):
+        sparse_vs_dense.get_config("chess")
