@@ -54,3 +54,18 @@ def test_a_checkout_that_moves_during_a_run_is_recorded_with_a_warning(tmp_path,
 
 def test_outside_a_checkout_every_field_is_none(tmp_path):
     assert set(provenance.git_state(str(tmp_path)).values()) == {None}
+
+
+def test_the_cpu_is_recorded_with_its_vector_extensions(tmp_path, monkeypatch):
+    cpuinfo = tmp_path / "cpuinfo"
+    flags = "fpu sse2 avx avx2 fma avx512f amx_tile"
+    cpuinfo.write_text(f"model name\t: AMD EPYC\nflags\t\t: {flags}\n")
+    real_open = open
+    monkeypatch.setattr(
+        "builtins.open",
+        lambda path, *a, **k: real_open(cpuinfo if path == "/proc/cpuinfo" else path, *a, **k),
+    )
+    cpu = provenance.cpu_model()
+    assert cpu["model"] == "AMD EPYC"
+    assert cpu["simd"] == ["amx_tile", "avx", "avx2", "avx512f", "fma"]
+    assert cpu["flags_sha256"] == hashlib.sha256(flags.encode()).hexdigest()[:16]

@@ -59,16 +59,27 @@ def cpu_model() -> dict[str, Any]:
     """The CPU's model name and a hash of its feature flags (`/proc/cpuinfo`; None where
     absent): XLA compiles for the host's instruction set, so two machines of one kind can
     round differently, and results that match only within intervals across machines can
-    then be told apart from a code change."""
+    then be told apart from a code change (docs/development.md: the main experiment's
+    defaults give one table on an Intel Xeon and another on an AMD EPYC). `simd` lists
+    the vector extensions XLA can target (`avx*`, `fma*`, `amx*`)."""
     try:
         with open("/proc/cpuinfo") as f:
             info = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
     except OSError:
-        return {"model": platform.processor() or None, "flags_sha256": None}
+        return {"model": platform.processor() or None, "flags_sha256": None, "simd": None}
     info = {key.strip(): value.strip() for key, value in info.items()}
     flags = info.get("flags")
     digest = hashlib.sha256(flags.encode()).hexdigest()[:16] if flags else None
-    return {"model": info.get("model name"), "flags_sha256": digest, "cores": os.cpu_count()}
+    simd = sorted(f for f in (flags or "").split() if f.startswith(SIMD_PREFIXES))
+    return {
+        "model": info.get("model name"),
+        "flags_sha256": digest,
+        "simd": simd,
+        "cores": os.cpu_count(),
+    }
+
+
+SIMD_PREFIXES = ("avx", "fma", "amx")
 
 
 def read(folder: str) -> dict[str, Any] | None:
