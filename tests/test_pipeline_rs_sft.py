@@ -1,5 +1,7 @@
 """Rejection sampling -> SFT (rlagent.pipeline.rejection, warm_start.make_sft) and its study."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -167,3 +169,34 @@ def test_study_runs_end_to_end(tmp_path):
         assert all(s > b for s, b in zip(heads[label]["sft_turns"], base, strict=True))
     for name in ("summary.md", "summary.json", "sweep.png", "curves_l1.png", "provenance.json"):
         assert (tmp_path / name).exists()
+    assert "Paired over seeds" in (tmp_path / "summary.md").read_text()
+    # --report_only rebuilds the same report from the files and leaves provenance alone.
+    provenance = (tmp_path / "provenance.json").read_text()
+    (tmp_path / "summary.md").unlink()
+    again = rs_sft.run(config, str(tmp_path), report_only=True)
+    assert again["families"]["l1"]["heads"] == json.loads(json.dumps(entry["heads"]))
+    assert (tmp_path / "summary.md").exists()
+    assert (tmp_path / "provenance.json").read_text() == provenance
+    with pytest.raises(ValueError, match="holds no finished study"):
+        rs_sft.run(config, str(tmp_path / "empty"), report_only=True)
+
+
+def test_paired_table_is_every_condition_against_the_start_and_rs_against_oracle():
+    seeds = [0, 1, 2]
+    names = ["l2/base", "l2/oracle", "l2/rs_n4_outcome1"]
+    final = {"l2/base": [0.1, 0.2, 0.3], "l2/oracle": [0.5, 0.6, 0.7],
+             "l2/rs_n4_outcome1": [0.2, 0.1, 0.5]}  # fmt: skip
+    summary = {"conditions": {
+        n: {"seeds": seeds, "per_seed": {"eval_sampled_success": final[n], "auc": final[n]}}
+        for n in names
+    }}  # fmt: skip
+    heads = {n: {"eval_sampled_success": [v + 1 for v in final[n]]} for n in names}
+    family = rs_sft.paired_table(summary, heads, reps=500)
+    assert set(family) == {"head_sampled_success", "eval_sampled_success", "auc"}
+    pairs = [(e["a"], e["b"]) for e in family["eval_sampled_success"]]
+    assert pairs == [("l2/base", "l2/oracle"), ("l2/base", "l2/rs_n4_outcome1"),
+                     ("l2/oracle", "l2/rs_n4_outcome1")]  # fmt: skip
+    rs_vs_oracle = family["head_sampled_success"][2]["difference"]["value"]
+    assert rs_vs_oracle == pytest.approx(np.mean(np.subtract(final[names[2]], final[names[1]])))
+    # Exact sign flip over 3 pairs that all favour the oracle: p = 2 / 8.
+    assert family["auc"][0]["p_value"] == pytest.approx(0.25)

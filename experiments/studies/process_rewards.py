@@ -45,6 +45,7 @@ FORMS = ("learned_sum", "learned_min", "learned_centred", "learned_potential")
 # The paired family's metrics (per-seed keys of `report.summarize`): held-out sampled
 # success and AUC at equal total turns.
 PAIRED_METRICS = ("eval_sampled_success", "auc")
+PAIRED_NAMES = {"eval_sampled_success": "held-out sampled success", "auc": "AUC at equal turns"}
 TITLE = "process rewards without hand labels"
 
 
@@ -186,38 +187,12 @@ def paired_table(
         summed = f"{FORMS[0]}/prm={spec}"
         if spec and form in FORMS[1:] and summed in conditions:
             pairs.append((summed, name))
-    out = {}
-    for metric in PAIRED_METRICS:
-        by_seed = {
-            name: dict(zip(entry["seeds"], entry["per_seed"][metric], strict=True))
-            for name, entry in conditions.items()
-            if metric in entry["per_seed"]
-        }
-        comparisons = [(a, b, by_seed[a], by_seed[b]) for a, b in pairs if {a, b} <= set(by_seed)]
-        out[metric] = paired.paired_family(comparisons, reps=reps)
-    return out
+    return paired.summary_families(conditions, pairs, PAIRED_METRICS, reps=reps)
 
 
 def paired_markdown(family: Mapping[str, list[dict[str, Any]]]) -> str:
     """`paired_table` as one Markdown table (empty string when there is nothing)."""
-    rows = [(metric, e) for metric in PAIRED_METRICS for e in family.get(metric, [])]
-    if not rows:
-        return ""
-    names = {"eval_sampled_success": "held-out sampled success", "auc": "AUC at equal turns"}
-    lines = [
-        "\nPaired over seeds (a seed's runs share its initial policy): B minus A, mean [95% "
-        "paired bootstrap CI], sign-flip p, Holm within each metric's family (* p_holm < "
-        "0.05):\n",
-        "| metric | B | A | B - A | pairs | p | p (Holm) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for metric, e in rows:
-        d, mark = e["difference"], " *" if e["significant"] else ""
-        lines.append(
-            f"| {names[metric]} | {e['b']} | {e['a']} | {d['value']:+.3f} [{d['low']:+.3f}, "
-            f"{d['high']:+.3f}] | {e['num_pairs']} | {e['p_value']:.3g} | {e['p_holm']:.3g}{mark} |"
-        )
-    return "\n".join(lines) + "\n"
+    return paired.families_markdown(family, PAIRED_NAMES)
 
 
 def _label_env(config: ml_collections.ConfigDict) -> Environment:

@@ -44,12 +44,14 @@ import numpy as np
 from experiments.studies import common
 from experiments.studies.sections import make
 from experiments.studies.sections import section
+from rlagent.analysis import paired
 from rlagent.analysis import report
 from rlagent.analysis import stats
 from rlagent.envs.toolworld import ToolWorldConfig
 from rlagent.envs.toolworld import horizon_config
 from rlagent.host import loop
 from rlagent.host import provenance
+from rlagent.host.writers import MetricWriter
 from rlagent.pipeline.rejection import RejectionConfig
 from rlagent.pipeline.rejection import best_of_n
 from rlagent.pipeline.warm_start import WarmStartConfig
@@ -71,14 +73,19 @@ def run(
     resume: bool = False,
     overwrite: bool = False,
     progress: bool = True,
+    report_only: bool = False,
 ) -> dict[str, Any]:
-    """Trains every (family, condition, seed) and writes the report into `workdir`."""
+    """Trains every (family, condition, seed) and writes the report into `workdir`;
+    `report_only` only rewrites the report of a finished study from its metrics.csv and
+    summary.json's head starts (provenance.json is left as the run wrote it)."""
     common.check_counts(config, common.RUN_COUNTS)
     families = common.names(config.envs, "envs", "task family")
     env_configs = {name: family_config(config, name) for name in families}  # errors first
     conditions(config)
     sft_config = make(WarmStartConfig, config.sft, "sft")
     rejection = make(RejectionConfig, config.rejection, "rejection")
+    if report_only:
+        return write_report(*finished_study(workdir), workdir, title=config.get("title", ""))
     resuming = common.prepare(workdir, config, resume=resume, overwrite=overwrite)
     start = time.time()
     record = common.start_record(workdir, resuming, config.to_dict(), families=families)
@@ -94,6 +101,22 @@ def run(
     wall = round(time.time() - start, 1)
     provenance.write(workdir, provenance.finish({**record, "wall_s": wall}))
     return summary
+
+
+def finished_study(workdir: str) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """`(rows, heads)` of the finished study in `workdir` (`write_report`'s inputs), read
+    from its metrics.csv and summary.json; refused naming the folder when either is absent."""
+    rows = MetricWriter(workdir, tensorboard=False).read()
+    path = os.path.join(workdir, "summary.json")
+    if not rows or not os.path.exists(path):
+        raise ValueError(f"--report_only: {workdir} holds no finished study to report")
+    with open(path) as f:
+        families = json.load(f)["families"]
+    heads = {
+        family: {label.partition("/")[2]: v for label, v in entry["heads"].items()}
+        for family, entry in families.items()
+    }
+    return rows, heads
 
 
 def family_config(
@@ -285,9 +308,12 @@ def write_report(
             experience=report.TOTAL_TURNS,
         )  # fmt: skip
         head = {f"{family}/{k}": v for k, v in heads[family].items()}
-        out["families"][family] = {"summary": summary, "heads": head, "at_budget": at_budget}
+        family_paired = paired_table(summary, head)
+        out["families"][family] = {
+            "summary": summary, "heads": head, "at_budget": at_budget, "paired": family_paired
+        }  # fmt: skip
         lines += [f"## {family}", "", head_table(head, at_budget), ""]
-        lines += [report.markdown_table(summary), ""]
+        lines += [report.markdown_table(summary), paired.families_markdown(family_paired, PAIRED)]
     plot_sweep(out["families"], os.path.join(workdir, "sweep.png"))
     lines.append(
         "Head start: held-out success (eval keys) right after SFT, before RL; IQM with "
@@ -302,6 +328,37 @@ def write_report(
         json.dump(out, f, indent=1, default=float)
     print("\n".join(lines))
     return out
+
+
+# The paired family's metrics: the head start (held-out sampled success right after SFT),
+# held-out sampled success after RL, and AUC at equal total turns.
+HEAD_METRIC = "head_sampled_success"
+PAIRED = {
+    HEAD_METRIC: "head start (held-out sampled)",
+    "eval_sampled_success": "held-out sampled success after RL",
+    "auc": "AUC at equal total turns",
+}
+
+
+def paired_table(
+    summary: Mapping[str, Any], heads: Mapping[str, Mapping[str, Any]], *, reps: int = 10_000
+) -> dict[str, list[dict[str, Any]]]:
+    """The family paired over seeds (a seed's conditions share its initial policy, and its
+    base policy with `base_steps`): every condition against the first (scratch or base),
+    every best-of-N condition against oracle cloning; per metric of PAIRED, Holm within
+    the metric (`paired.summary_families`)."""
+    conditions = {
+        name: {
+            "seeds": entry["seeds"],
+            "per_seed": {**entry["per_seed"], HEAD_METRIC: heads[name]["eval_sampled_success"]},
+        }
+        for name, entry in summary["conditions"].items()
+    }
+    names = list(conditions)
+    pairs = [(names[0], name) for name in names[1:]]
+    oracle = next((n for n in names if n.endswith("/oracle")), None)
+    pairs += [(oracle, n) for n in names if oracle and n.split("/")[-1].startswith("rs_")]
+    return paired.summary_families(conditions, pairs, list(PAIRED), reps=reps)
 
 
 def success_at_budget(

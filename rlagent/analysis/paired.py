@@ -21,7 +21,9 @@ as noise.
 - `compare`: one metric of both arms: means, the paired difference with its CI, the
   sign-flip p-value; `verdict` turns it into one line.
 - `paired_family`: a pre-declared family of such comparisons over seeds (runs of two
-  conditions that share a seed share its start), Holm-corrected within the family.
+  conditions that share a seed share its start), Holm-corrected within the family;
+  `summary_families` builds one per metric from a study summary's per-seed values
+  (`report.summarize`), `families_markdown` prints them as one table.
 
 Everything runs on the host in NumPy; nothing here is traced.
 """
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
@@ -182,6 +185,52 @@ def paired_family(
         entry["p_holm"] = float(p)
         entry["significant"] = bool(p < 0.05)
     return out
+
+
+def summary_families(
+    conditions: Mapping[str, Mapping[str, Any]],
+    pairs: Sequence[tuple[str, str]],
+    metrics: Sequence[str],
+    *,
+    reps: int = 10_000,
+) -> dict[str, list[dict[str, Any]]]:
+    """Per metric, `paired_family` over `pairs` `(a, b)` of `conditions` (each
+    `{"seeds": [...], "per_seed": {metric: [...]}}`, as `report.summarize` writes them),
+    matched by seed; a pair is left out of a metric one of its conditions lacks."""
+    out = {}
+    for metric in metrics:
+        by_seed = {
+            name: dict(zip(entry["seeds"], entry["per_seed"][metric], strict=True))
+            for name, entry in conditions.items()
+            if metric in entry["per_seed"]
+        }
+        comparisons = [(a, b, by_seed[a], by_seed[b]) for a, b in pairs if {a, b} <= set(by_seed)]
+        out[metric] = paired_family(comparisons, reps=reps)
+    return out
+
+
+def families_markdown(
+    families: Mapping[str, list[dict[str, Any]]], names: Mapping[str, str]
+) -> str:
+    """`summary_families` as one Markdown table, a row per comparison, metrics in the
+    order of `names` (metric -> its name in the table); "" when there is nothing."""
+    rows = [(metric, e) for metric in names for e in families.get(metric, [])]
+    if not rows:
+        return ""
+    lines = [
+        "\nPaired over seeds (a seed's runs share its initial policy): B minus A, mean [95% "
+        "paired bootstrap CI], sign-flip p, Holm within each metric's family (* p_holm < "
+        "0.05):\n",
+        "| metric | B | A | B - A | pairs | p | p (Holm) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for metric, e in rows:
+        d, mark = e["difference"], " *" if e["significant"] else ""
+        lines.append(
+            f"| {names[metric]} | {e['b']} | {e['a']} | {d['value']:+.3f} [{d['low']:+.3f}, "
+            f"{d['high']:+.3f}] | {e['num_pairs']} | {e['p_value']:.3g} | {e['p_holm']:.3g}{mark} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def verdict(
