@@ -116,9 +116,9 @@ def run_study(study: Callable[..., Any], launcher: LauncherFlags, **kwargs: Any)
     """`study(config, workdir, resume=..., overwrite=..., **kwargs)` from the launcher's
     flags (and `mesh=data_mesh()` when distributed), through `run_reported`, with the
     persistent compilation cache of `--compilation_cache_dir` on."""
-    compile_cache.enable_compilation_cache(launcher.compilation_cache_dir.value)
 
     def work():
+        compile_cache.enable_compilation_cache(launcher.compilation_cache_dir.value)
         mesh = {"mesh": data_mesh()} if launcher.distributed else {}
         return study(
             config_value(launcher),

@@ -67,7 +67,7 @@ SHARED = ("env", "model", "rollout.window")
 
 # Counts of the config (`check_config`): at least 2 tasks (a paired comparison needs a
 # spread), episodes per task, bootstrap resamples, the held-out set, the NumPy seed.
-COUNTS = {"tasks": 2, "samples": 1, "reps": 1, "heldout_set": 0, "first_seed": None}
+COUNTS = {"tasks": 2, "samples": 1, "reps": 1, "heldout_set": 0, "first_seed": 0}
 
 
 class Arm(NamedTuple):
@@ -135,6 +135,10 @@ def load_arm(name: str, spec: str, guardrail: str = "") -> Arm:
         if "guardrail" not in section:
             raise ValueError(f"guardrail_{name.lower()}: {section['kind']} has no guardrail field")
         section["guardrail"] = guardrail
+        try:
+            make_env(section)
+        except ValueError as error:
+            raise ValueError(f"guardrail_{name.lower()}: {error}") from None
     env = make_env(section)
     rollout = make(RolloutConfig, checkpoint.config["rollout"], "rollout")
     if getattr(env, "requires_constrained", False):

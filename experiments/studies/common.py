@@ -166,11 +166,19 @@ def prm_groups(text: str, field: str = "conditions") -> list[PRMGroup]:
             except ValueError:
                 message = f"config.{field}: {label!r}: eps {eps!r} is no number."
                 raise ValueError(message) from None
+            try:  # an unknown kind or a noise out of range, before anything is written
+                PRMConfig(kind=kind, noise=noise)
+            except ValueError as error:
+                raise ValueError(f"config.{field}: {label!r}: {error}") from None
         if form in LEARNED_REWARDS and kind == "none":
             raise ValueError(
                 f"config.{field}: {label!r} reads a PRM's scores; name one as '{form}/prm=<kind>'."
             )
-        grouped.setdefault((kind, noise), []).append(label)
+        group = grouped.setdefault((kind, noise), [])
+        twin = [other for other in group if other.partition("/")[0] == form]
+        if twin:  # e.g. noisy_oracle@0.1 and @0.10: one PRM, the same form trained twice
+            raise ValueError(f"config.{field}: {twin[0]!r} and {label!r} are one condition.")
+        group.append(label)
     return [PRMGroup(kind, noise, tuple(labels)) for (kind, noise), labels in grouped.items()]
 
 
@@ -379,9 +387,13 @@ def names(text: str, field: str = "conditions", what: str = "reward form") -> li
     return parsed
 
 
-def ints(text: str, field: str, what: str) -> list[int]:
-    """The comma-separated integers of config field `field` (errors name the field)."""
-    return _numbers(text, field, what, int, "an integer")
+def ints(text: str, field: str, what: str, minimum: int | None = None) -> list[int]:
+    """The comma-separated integers of config field `field`, each at least `minimum` when
+    given (errors name the field)."""
+    values = _numbers(text, field, what, int, "an integer")
+    if minimum is not None and min(values) < minimum:
+        raise ValueError(f"config.{field}: {what} {min(values)} is below {minimum}.")
+    return values
 
 
 def floats(text: str, field: str, what: str) -> list[float]:
@@ -396,6 +408,9 @@ def _numbers(text: str, field: str, what: str, cast: type, kind: str) -> list:
             out.append(cast(name))
         except ValueError:
             raise ValueError(f"config.{field}: {name!r} is not {kind} {what}.") from None
+    repeated = sorted({value for value in out if out.count(value) > 1})
+    if repeated:  # '3,03' or '1,1.0': the same value spelt twice would run twice
+        raise ValueError(f"config.{field} names {what} {repeated} more than once.")
     return out
 
 
@@ -463,6 +478,22 @@ def lm_setup(config, env: Environment) -> LMSetup:
     """Policy and rollout configs of the LM policies over `env`'s vocabulary (one graph
     for every horizon)."""
     return _lm_setup_cached(policy_config(env, config.model), tuple(sorted(config.rollout.items())))
+
+
+def check_lm(config, env: Environment, where: str = "config") -> None:
+    """Refuses, naming the section under `where`, a `model`, `rollout` or `ppo` section of
+    the `ppo_<k>` policies (`lm_setup`, `checkpoint`) that would fail once they are built,
+    i.e. after the study has started writing."""
+    checks = (
+        ("rollout", lambda: make(RolloutConfig, config.rollout, "rollout")),
+        ("model", lambda: lm_setup(config, env)),
+        ("ppo", lambda: TrainConfig.from_mapping({**config.ppo, "num_updates": 1})),
+    )
+    for name, check in checks:
+        try:
+            check()
+        except ValueError as error:
+            raise ValueError(f"{where}.{name}: {error}") from None
 
 
 def checkpoint(env: Environment, setup: LMSetup, config, num_updates: int):

@@ -41,6 +41,7 @@ import numpy as np
 
 from experiments.studies.common import LMSetup
 from experiments.studies.common import check_counts
+from experiments.studies.common import check_lm
 from experiments.studies.common import checkpoint
 from experiments.studies.common import env_policy
 from experiments.studies.common import estimator_config
@@ -213,16 +214,8 @@ def _check_config(
         except ValueError as error:
             raise ValueError(f"config.policies: {error}") from None
     if any(name.startswith("ppo_") for name in policies):
-        _check_ppo(config)
+        check_lm(config, probe)
     return horizons, policies
-
-
-def _check_ppo(config) -> None:
-    """`config.ppo`: the TrainConfig fields of the `ppo_<k>` policies' run (`checkpoint`)."""
-    try:
-        TrainConfig.from_mapping({**config.ppo, "num_updates": 1})
-    except ValueError as error:
-        raise ValueError(f"config.ppo: {error}") from None
 
 
 def make_measure(env: Environment, name: str, base: TrainConfig, config) -> Callable:

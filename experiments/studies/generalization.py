@@ -186,8 +186,7 @@ def part_config_of(
 def _check(part: str, part_config: ml_collections.ConfigDict) -> None:
     """The part's own checks, before anything runs."""
     if part == "rewards":
-        common.prm_runs(part_config)
-        common.build(part_config)
+        process_rewards.plan(part_config)
     elif part == "credit":
         credit_accuracy.plan(part_config)
     else:

@@ -75,12 +75,15 @@ def plan(config: ml_collections.ConfigDict) -> list[tuple[int, list[Run]]]:
     rewards = [label for group in groups for label in group.labels]
     base = TrainConfig.from_mapping(config.train)
     estimators = names(config.estimators, "estimators", "estimator") if config.estimators else []
-    specs = {}
+    specs, trained = {}, {(base.estimator, base.lam): f"train.estimator={base.estimator}"}
     for spec in estimators:
         try:
             specs[spec] = estimator_config(base, spec)
         except ValueError as error:
             raise ValueError(f"config.estimators: {spec!r}: {error}") from None
+        twin = trained.setdefault((specs[spec].estimator, specs[spec].lam), spec)
+        if twin != spec:  # the same runs twice (train.estimator's are the baseline)
+            raise ValueError(f"config.estimators: {spec!r} trains what {twin!r} trains.")
     estimator_horizons = []
     if estimators and config.estimator_horizons:
         estimator_horizons = ints(config.estimator_horizons, "estimator_horizons", "horizon")
@@ -111,7 +114,20 @@ def plan(config: ml_collections.ConfigDict) -> list[tuple[int, list[Run]]]:
                 runs.append(_run(config, env, spec, group, [config.estimator_reward], fields))
         common.check_runs(runs, config)
         plans.append((horizon, runs))
+    _check_paired_to(config, plans)
     return plans
+
+
+def _check_paired_to(config: ml_collections.ConfigDict, plans) -> None:
+    """`config.paired_to` names conditions the sweep trains (`<condition>/<estimator>`):
+    another would pair nothing, silently."""
+    if not config.get("paired_to"):
+        return
+    labels = [label for _, runs in plans for run in runs for label in run.conditions]
+    unknown = [name for name in names(config.paired_to, "paired_to") if name not in labels]
+    if unknown:
+        known = ", ".join(dict.fromkeys(labels))
+        raise ValueError(f"config.paired_to: {unknown} are not trained; trained: {known}.")
 
 
 def run(
@@ -130,6 +146,8 @@ def run(
     `report_only` only rewrites the report of a finished sweep (`write_report`).
     """
     if report_only:
+        if not MetricWriter(workdir, tensorboard=False, filename="horizon.csv").read():
+            raise ValueError(f"--report_only: {workdir} holds no finished sweep (horizon.csv).")
         return write_report(workdir, config)
     plans = plan(config)
     resuming = common.prepare(workdir, config, resume=resume, overwrite=overwrite)

@@ -67,6 +67,9 @@ from rlagent.types import Trajectory
 # (labeller, label form) of every row, in table order.
 LABELLERS = (("completion", "hard"), ("completion", "soft"), ("progress", "soft"))
 FILENAME = "label_quality.csv"
+# The counts of the study's section (`common.check_counts`): seeds, behaviour episodes per
+# seed, continuations played at once.
+COUNTS = {"seeds": 1, "first_seed": None, "num_episodes": 1, "chunk_size": 1}
 # Summarised per labeller, completer and N: mean and 95% CI over seeds.
 QUALITY_METRICS = ("accuracy", "auroc", "label_turns", "label_turns_per_turn")
 
@@ -116,17 +119,19 @@ def validate(config: ml_collections.ConfigDict, env: ToolWorld) -> list[int]:
         raise ValueError(f"config.labels.samples: {error}") from None
     if samples[0] < 1:
         raise ValueError(f"config.labels.samples must be >= 1, got {samples[0]}.")
-    for field in ("seeds", "num_episodes", "chunk_size"):
-        if int(config[field]) < 1:
-            raise ValueError(f"config.labels.{field} must be >= 1, got {config[field]}.")
-    for name in names(config.behaviours, "labels.behaviours", "behaviour"):
+    common.check_counts(config, COUNTS, "config.labels")
+    behaviours = names(config.behaviours, "labels.behaviours", "behaviour")
+    for name in behaviours:
         try:
             if name.startswith("ppo_"):
-                int(name.removeprefix("ppo_"))
+                if int(name.removeprefix("ppo_")) < 0:
+                    raise ValueError("the number of updates must be >= 0")
             else:
                 common.env_policy(env, name)
         except ValueError as error:
             raise ValueError(f"config.labels.behaviours: {name!r}: {error}") from None
+    if any(name.startswith("ppo_") for name in behaviours):
+        common.check_lm(config, env, "config.labels")
     for name in names(config.completers, "labels.completers", "completer"):
         try:
             if name.startswith("policy+oracle_"):

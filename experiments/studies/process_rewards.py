@@ -66,9 +66,7 @@ def run(
     its metrics.csv and label_quality.csv; provenance.json is left as the run wrote it.
     """
     start = time.time()
-    runs = common.prm_runs(config)  # config errors before anything is written
-    label_env = _label_env(config)
-    study.validate(config.labels, label_env)
+    runs, label_env = plan(config)  # config errors before anything is written
     title = f"{envs.title(config.env)}: {TITLE}"
     label_writer = MetricWriter(workdir, tensorboard=False, filename=study.FILENAME)
     if report_only:
@@ -100,6 +98,16 @@ def run(
     record = {**record, "label_rows": len(label_rows), "wall_s": round(time.time() - start, 1)}
     provenance.write(workdir, provenance.finish(record))
     return full
+
+
+def plan(config: ml_collections.ConfigDict) -> tuple[list[common.Run], Environment]:
+    """The training runs (`common.prm_runs`) and the label study's environment of `config`,
+    checked: every config error is raised here, naming its field."""
+    runs = common.prm_runs(config)
+    common.check_runs(runs, config)
+    label_env = _label_env(config)
+    study.validate(config.labels, label_env)
+    return runs, label_env
 
 
 def write_report(
@@ -197,9 +205,13 @@ def paired_markdown(family: Mapping[str, list[dict[str, Any]]]) -> str:
 
 def _label_env(config: ml_collections.ConfigDict) -> Environment:
     """The label study's environment: the experiment's, or its kind at `labels.horizon`."""
-    horizon = int(config.labels.horizon)
+    common.check_counts(config.labels, {"horizon": 0}, "config.labels")
+    horizon = config.labels.horizon
     if horizon:
-        return envs.horizon_env(envs.study_kind(config), horizon, section=config.env)
+        try:
+            return envs.horizon_env(envs.study_kind(config), horizon, section=config.env)
+        except ValueError as error:
+            raise ValueError(f"config.labels.horizon: {error}") from None
     return common.build(config).env
 
 

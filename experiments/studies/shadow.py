@@ -51,8 +51,8 @@ from rlagent.train.ppo import policy_graphdef
 # Root of the served tasks' keys: a stream neither training nor the held-out sets use.
 TRAFFIC_STREAM = 0x5AD0_7AFF
 # Counts of the config (`check_config`): rounds, tasks per round, episodes per task (DPO
-# ranks K >= 2 of one task), the seeds.
-COUNTS = {"rounds": 1, "tasks_per_round": 1, "samples": 2, "traffic_seed": None, "seed": None}
+# ranks K >= 2 of one task), the seeds (the traffic seed is folded into a key: >= 0).
+COUNTS = {"rounds": 1, "tasks_per_round": 1, "samples": 2, "traffic_seed": 0, "seed": None}
 JUDGES = ("outcome", "guardrail")  # rlagent.host.shadow.judge_scores
 LOG = "shadow_log.jsonl"
 PAIRS = "pairs.jsonl"

@@ -90,6 +90,9 @@ EVAL_AS = {
 # The groups of runs `config.groups` may name, in the order they train; each trains in
 # one program (PPO and GRPO: `loop.run`) and has a folder of that name in the workdir.
 GROUPS = ("ppo", "grpo", "online_dpo", "fork_dpo", "online_dpo_prm", "offline_dpo")
+# The counts of the config (`common.check_counts`): seeds, the first seed, online
+# iterations between evaluations, held-out episodes per evaluation.
+COUNTS = {"seeds": 1, "first_seed": None, "eval_every": 1, "eval_episodes": 1}
 LOG_SHAPE = (64, 4)  # behaviour logging: tasks per call, episodes per task.
 # Beside the behaviour logs, written once they are complete: their logging turns, sha256.
 LOGGING = "logging.json"
@@ -144,15 +147,10 @@ def _setup(config: ml_collections.ConfigDict) -> _Setup:
     env = _environment(config.env.get("kind", "toolworld"), env_config(config.env))
     policy_config = common.policy_config(env, config.model)
     rollout_config = make(RolloutConfig, config.rollout, "rollout")
-    seeds = list(range(config.first_seed, config.first_seed + int(config.seeds)))
-    if not seeds:
-        raise ValueError(f"config.seeds must be >= 1, got {config.seeds}.")
+    common.check_counts(config, COUNTS)
+    seeds = list(range(config.first_seed, config.first_seed + config.seeds))
     ppo = TrainConfig.from_mapping(config.ppo)
-    for text, field in ((config.judges, "judges"), (config.fork_judges, "fork_judges")):
-        for name, _ in _judges(text, field):
-            judge_weights(ppo, name)
-    common.ints(config.data_sizes, "data_sizes", "number of pairs")
-    common.env_policy(env, config.behaviour)
+    _check_fields(config, env, ppo)
     groups = common.names(config.groups, "groups", "group")
     unknown = [name for name in groups if name not in GROUPS]
     if unknown:
@@ -164,6 +162,34 @@ def _setup(config: ml_collections.ConfigDict) -> _Setup:
         groups=tuple(name for name in GROUPS if name in groups),
         evaluate=_evaluator(env, policy_config, rollout_config, int(config.eval_episodes)),
     )  # fmt: skip
+
+
+def _check_fields(config: ml_collections.ConfigDict, env, ppo: TrainConfig) -> None:
+    """The judges, data sizes, behaviour policy, GRPO estimator and PRM kind of `config`,
+    refused naming the field before anything is written."""
+    judges = [(field, name) for text, field in
+              ((config.judges, "judges"), (config.fork_judges, "fork_judges"))
+              for name, _ in _judges(text, field)]  # fmt: skip
+    if config.offline_judge in PRM_JUDGES:
+        raise ValueError(f"config.offline_judge: {config.offline_judge!r} reads a PRM.")
+    checks = [(field, functools.partial(judge_weights, ppo, name)) for field, name in judges]
+    checks += [
+        ("offline_judge", functools.partial(judge_weights, ppo, config.offline_judge)),
+        ("data_sizes", lambda: common.ints(config.data_sizes, "data_sizes", "pair count", 1)),
+        ("behaviour", functools.partial(common.env_policy, env, config.behaviour)),
+        ("grpo_estimator", lambda: dataclasses.replace(ppo, estimator=config.grpo_estimator)),
+        ("prm_kind", lambda: PRMConfig(kind=config.prm_kind)),
+    ]
+    for field, check in checks:
+        try:
+            check()
+        except ValueError as error:
+            message = str(error)
+            if not message.startswith(f"config.{field}"):
+                message = f"config.{field}: {message}"
+            raise ValueError(message) from None
+    if config.prm_kind == "none":
+        raise ValueError("config.prm_kind must name a PRM (online_dpo_prm's judge), not 'none'.")
 
 
 @functools.lru_cache(maxsize=4)
@@ -197,6 +223,8 @@ def _judges(text: str, field: str) -> list[tuple[str, float]]:
             raise ValueError(f"config.{field}: {label!r}: accuracy must be in [0, 1].")
         if name in PRM_JUDGES:
             raise ValueError(f"config.{field}: {label!r} reads a PRM; set config.prm_kind instead.")
+        if (name, value) in out:  # e.g. 'outcome,outcome@1': one judge trained twice
+            raise ValueError(f"config.{field} names judge {label!r} twice.")
         out.append((name, value))
     return out
 

@@ -65,6 +65,11 @@ def enable_compilation_cache(folder: str | None = None) -> str | None:
         jax.config.update("jax_enable_compilation_cache", False)
         return None
     folder = os.path.abspath(os.path.expanduser(folder))
+    if os.path.exists(folder) and not os.path.isdir(folder):  # jax would only warn per compile
+        raise ValueError(
+            f"--compilation_cache_dir (or $JAX_COMPILATION_CACHE_DIR): {folder} is a file, "
+            "not a folder."
+        )
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", folder)
     for option, (env, value) in THRESHOLDS.items():

@@ -16,10 +16,11 @@ class MetricWriter:
 
     Rows are dicts of scalars sharing one set of keys. `truncate(after_update)` drops rows
     past a checkpoint, so a resumed run writes the same file as an uninterrupted one.
+    The folder is created by the first write (or by TensorBoard's writer): a writer that
+    only reads, e.g. a report of a folder that holds nothing, leaves the disk as it was.
     """
 
     def __init__(self, workdir: str, *, tensorboard: bool = True, filename: str = "metrics.csv"):
-        os.makedirs(workdir, exist_ok=True)
         self.path = os.path.join(workdir, filename)
         self._tb = None
         if tensorboard:
@@ -42,6 +43,7 @@ class MetricWriter:
         The file is replaced atomically, so a kill during the rewrite loses no row.
         """
         rows = [row for row in self.read() if row["update"] <= after_update]
+        _make_folder(self.path)
         partial = self.path + ".tmp"
         with open(partial, "w", newline="") as f:
             _write_csv(f, rows, header=True)
@@ -57,6 +59,7 @@ class MetricWriter:
         rows = list(rows)
         if not rows:
             return
+        _make_folder(self.path)
         header = not os.path.exists(self.path) or os.path.getsize(self.path) == 0
         with open(self.path, "a", newline="") as f:
             _write_csv(f, rows, header=header)
@@ -73,6 +76,10 @@ class MetricWriter:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+
+
+def _make_folder(path: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
 
 
 def _summary_writer(folder: str):

@@ -27,7 +27,7 @@ from rlagent.rollout import RolloutConfig
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STUDY_MODULES = (
     "sparse_vs_dense", "process_rewards", "credit_accuracy", "horizon_sweep", "dialogue",
-    "generalization", "rs_sft", "curriculum", "ab_test", "shadow",
+    "generalization", "rs_sft", "curriculum", "ab_test", "shadow", "strategies",
 )  # fmt: skip
 
 
@@ -106,6 +106,49 @@ def refused(tmp_path, study: str, message: str, config_name: str | None = None, 
         ("shadow", {"policy": "P", "samples": 1}, r"config.samples must be >= 2, got 1"),
         ("shadow", {"policy": "P", "judge": "bogus"}, r"config.judge must be one of"),
         ("shadow", {"policy": "P", "ab__tasks": 1}, r"config.ab.tasks must be >= 2, got 1"),
+        ("shadow", {"policy": "P", "traffic_seed": -1}, r"config.traffic_seed must be >= 0"),
+        ("ab_test", {"a": "A", "b": "B", "first_seed": -1}, r"config.first_seed must be >= 0"),
+        ("shadow", {"policy": "P", "ab__first_seed": -1}, r"config.ab.first_seed must be >= 0"),
+        ("horizon_sweep", {"horizons": "3,03"}, r"config.horizons names horizon \[3\] more than"),
+        (
+            "horizon_sweep",
+            {"paired_to": "outcome/gpro"},
+            r"config.paired_to: \['outcome/gpro'\] are",
+        ),
+        ("horizon_sweep", {"estimators": "gae_turn"}, r"config.estimators: 'gae_turn' trains what"),
+        ("horizon_sweep", {"estimators": "grpo,grpo@0.95"}, r"'grpo@0.95' trains what 'grpo'"),
+        ("dialogue", {"feedback__rates": "1,1.0"}, r"config.feedback.rates names probability"),
+        ("credit_accuracy", {"model__d_model": 0}, r"config.model: PolicyConfig.d_model must"),
+        (
+            "process_rewards",
+            {"conditions": "learned_sum/prm=bogus"},
+            r"'learned_sum/prm=bogus': Unk",
+        ),
+        (
+            "process_rewards",
+            {"conditions": "learned_sum/prm=noisy_oracle@0.1,learned_sum/prm=noisy_oracle@0.10"},
+            r"config.conditions: 'learned_sum/prm=noisy_oracle@0.1' and .* are one condition",
+        ),
+        ("process_rewards", {"labels__behaviours": "ppo_-1"}, r"'ppo_-1': the number of updates"),
+        ("process_rewards", {"labels__horizon": -1}, r"config.labels.horizon must be >= 0, got -1"),
+        (
+            "process_rewards",
+            {"labels__behaviours": "ppo_1", "labels__ppo__estimator": "bogus"},
+            r"config.labels.ppo: Unknown estimator 'bogus'",
+        ),
+        ("generalization", {"rewards__labels__samples": 0}, r"rewards: config.labels.samples must"),
+        ("strategies", {"eval_every": 0}, r"config.eval_every must be >= 1, got 0"),
+        ("strategies", {"data_sizes": "32,032"}, r"config.data_sizes names pair count \[32\] more"),
+        ("strategies", {"data_sizes": "0"}, r"config.data_sizes: pair count 0 is below 1"),
+        (
+            "strategies",
+            {"judges": "outcome,outcome@1"},
+            r"config.judges names judge 'outcome@1' tw",
+        ),
+        ("strategies", {"offline_judge": "bogus"}, r"config.offline_judge: Unknown judge 'bogus'"),
+        ("strategies", {"grpo_estimator": "bogus"}, r"config.grpo_estimator: Unknown estimator"),
+        ("strategies", {"prm_kind": "bogus"}, r"config.prm_kind: Unknown PRMConfig.kind 'bogus'"),
+        ("strategies", {"behaviour": "bogus"}, r"config.behaviour: Unknown policy 'bogus'"),
     ],
 )
 def test_counts_and_sections_are_refused_before_the_workdir(tmp_path, study, fields, message):
@@ -121,6 +164,40 @@ def test_the_main_experiment_refuses_per_condition_prms_it_would_ignore(tmp_path
         rf"config.conditions: '{spec}': this study trains",
         conditions=spec,
     )
+
+
+@pytest.mark.parametrize("study", ["process_rewards", "horizon_sweep", "critic_factorial"])
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_a_report_of_nothing_is_refused_and_writes_nothing(tmp_path, study, kind):
+    # Reading a report's CSVs created the folder (or failed on a file with a traceback).
+    config = importlib.import_module(f"experiments.configs.{study}").get_config()
+    workdir = tmp_path / "run"
+    if kind == "file":
+        workdir.write_text("not a folder")
+    module = importlib.import_module(f"experiments.studies.{study}")
+    with pytest.raises(ValueError, match=r"holds no finished|no critic's sweep has finished"):
+        module.run(config, str(workdir), report_only=True)
+    if kind == "file":
+        assert workdir.read_text() == "not a folder"
+    else:
+        assert not workdir.exists()
+
+
+def test_a_compilation_cache_that_is_a_file_is_refused_in_one_line(tmp_path):
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    cache.write_text("not a folder")
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.sparse_vs_dense", f"--workdir={out}",
+         f"--compilation_cache_dir={cache}"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: --compilation_cache_dir (or $JAX_COMPILATION_CACHE_DIR): {cache} is a file, "
+        "not a folder."
+    )
+    assert "Traceback" not in result.stderr
+    assert not out.exists()
 
 
 def test_a_learned_form_without_a_prm_is_refused_before_the_workdir(tmp_path):
