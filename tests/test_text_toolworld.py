@@ -2,8 +2,8 @@
 tool-call texts matches the JAX ToolWorld played with the same DSL actions; malformed
 texts are turns with their own signal, never exceptions; the text loop plays it.
 
-The tokenizer and chat template are tests/test_text.py's (built locally); the mixed DSL
-policy is tests/test_envs_reference.py's.
+The tokenizer, chat template and tiny policy are tests/text_helpers.py's (built locally);
+the mixed DSL policy is tests/test_envs_reference.py's.
 """
 
 import copy
@@ -16,12 +16,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 pytest.importorskip("transformers")
 pytest.importorskip("jinja2")
 from test_envs_reference import _mixed_action  # noqa: E402
-from test_text import _tokenizer  # noqa: E402
+from text_helpers import tiny_text_policy  # noqa: E402
+from text_helpers import tiny_tokenizer  # noqa: E402
 
 from rlagent.envs.toolworld import Command  # noqa: E402
 from rlagent.envs.toolworld import StepType  # noqa: E402
@@ -29,8 +29,6 @@ from rlagent.envs.toolworld import ToolWorld  # noqa: E402
 from rlagent.envs.toolworld import ToolWorldConfig  # noqa: E402
 from rlagent.envs.toolworld import dsl  # noqa: E402
 from rlagent.envs.toolworld import oracle_policy  # noqa: E402
-from rlagent.models import Policy  # noqa: E402
-from rlagent.models import PolicyConfig  # noqa: E402
 from rlagent.models.sampler import Generation  # noqa: E402
 from rlagent.text import TextConfig  # noqa: E402
 from rlagent.text import ToolWorldText  # noqa: E402
@@ -306,12 +304,8 @@ def test_refusals():
 
 @pytest.fixture(scope="module")
 def loop():
-    chat = make_chat(_tokenizer(), tools=make_toolworld_text(level=1).tools)
-    policy_config = PolicyConfig(
-        vocab_size=304, pad_id=chat.pad_id, d_model=32, num_layers=1, num_heads=2,
-        num_kv_heads=1, mlp_dim=64, summary_dim=8, num_summary_slots=0,
-    )  # fmt: skip
-    graphdef, params = nnx.split(Policy(policy_config, rngs=nnx.Rngs(0)))
+    chat = make_chat(tiny_tokenizer(), tools=make_toolworld_text(level=1).tools)
+    policy_config, graphdef, params = tiny_text_policy(chat)
     return make_text_loop(chat, graphdef, policy_config, LOOP_CONFIG), params
 
 
