@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("bfcl_eval")
 pytest.importorskip("transformers")
 pytest.importorskip("jinja2")
+from text_helpers import assert_loss_mask_on_assistant_tokens  # noqa: E402
 from text_helpers import tiny_text_policy  # noqa: E402
 from text_helpers import tiny_tokenizer  # noqa: E402
 
@@ -217,14 +218,6 @@ def test_the_text_loop_plays_a_task_with_a_tiny_random_model():
     verdict, malformed = np.asarray(traj.signals["verdict"]), np.asarray(traj.signals["malformed"])
     np.testing.assert_array_equal(np.where(malformed == 1, 0, -1), verdict)
     assert not np.asarray(traj.signals["outcome"]).any()
-    (episode,) = episodes
-    tokens, loss_mask = np.asarray(episode.tokens), np.asarray(episode.loss_mask)
-    assistant = np.zeros(len(tokens), bool)
-    for span in episode.spans:
-        assistant[span.start : span.stop] = span.role == "assistant"
-    np.testing.assert_array_equal(loss_mask, assistant)
-    assert tokens[loss_mask].tolist() == sum((t.action for t in episode.turns), [])
-    logp = np.asarray(traj.logp)[np.asarray(traj.loss_mask)]
-    assert np.isfinite(logp).all() and (logp < 0).all()
+    assert_loss_mask_on_assistant_tokens(traj, episodes)
     metrics = episode_metrics(env, traj)
     assert float(metrics["outcome"]) == 0.0 and float(metrics["calls"]) == 0.0

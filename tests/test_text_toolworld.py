@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("jinja2")
 from test_envs_reference import _mixed_action  # noqa: E402
+from text_helpers import assert_loss_mask_on_assistant_tokens  # noqa: E402
 from text_helpers import tiny_text_policy  # noqa: E402
 from text_helpers import tiny_tokenizer  # noqa: E402
 
@@ -323,16 +324,8 @@ def test_the_text_loop_plays_toolworld_with_a_random_policy(loop):
     np.testing.assert_array_equal(traj.signals["malformed"], np.ones((2, 4)))
     np.testing.assert_array_equal(traj.signals["verdict"], -np.ones((2, 4)))
     np.testing.assert_array_equal(traj.signals["efficiency"], [[0, 0, -1, -1]] * 2)
-    mask = np.asarray(traj.loss_mask)
-    logp = np.asarray(traj.logp)
-    assert np.isfinite(logp[mask]).all() and (logp[mask] < 0).all() and (logp[~mask] == 0).all()
+    assert_loss_mask_on_assistant_tokens(traj, episodes)
     for episode in episodes:
-        tokens, loss_mask = np.asarray(episode.tokens), np.asarray(episode.loss_mask)
-        assistant = np.zeros(len(tokens), bool)
-        for span in episode.spans:
-            assistant[span.start : span.stop] = span.role == "assistant"
-        np.testing.assert_array_equal(loss_mask, assistant)
-        assert tokens[loss_mask].tolist() == sum((t.action for t in episode.turns), [])
         for turn in episode.turns[1:]:
             assert '<|im_start|>tool\n{"error": "malformed turn: ' in chat.decode(turn.obs)
     metrics = episode_metrics(env, traj)

@@ -5,6 +5,7 @@ vocabulary (304 rows) pads the tokenizer's 300 tokens.
 Import it after `pytest.importorskip("transformers")` and `pytest.importorskip("jinja2")`.
 """
 
+import numpy as np
 from flax import nnx
 from tokenizers import Tokenizer
 from tokenizers import decoders
@@ -54,3 +55,17 @@ def tiny_text_policy(chat):
     )  # fmt: skip
     graphdef, params = nnx.split(Policy(policy_config, rngs=nnx.Rngs(0)))
     return policy_config, graphdef, params
+
+
+def assert_loss_mask_on_assistant_tokens(traj, episodes):
+    """The loss mask is exactly the assistant spans' tokens, which are the generated ids,
+    with finite negative behaviour log-probs there and 0 elsewhere."""
+    mask, logp = np.asarray(traj.loss_mask), np.asarray(traj.logp)
+    assert np.isfinite(logp[mask]).all() and (logp[mask] < 0).all() and (logp[~mask] == 0).all()
+    for episode in episodes:
+        tokens, loss_mask = np.asarray(episode.tokens), np.asarray(episode.loss_mask)
+        assistant = np.zeros(len(tokens), bool)
+        for span in episode.spans:
+            assistant[span.start : span.stop] = span.role == "assistant"
+        np.testing.assert_array_equal(loss_mask, assistant)
+        assert tokens[loss_mask].tolist() == sum((t.action for t in episode.turns), [])
