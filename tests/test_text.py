@@ -1,9 +1,9 @@
 """Text mode: the model's tokenizer and chat template, token in / token out, the host loop.
 
 A tiny byte-level BPE tokenizer and a ChatML template with a tools section are built
-locally; the policy is a tiny random Policy whose vocabulary (304 rows) pads the
-tokenizer's 300 tokens, so the padded-vocabulary case is always exercised. One loop (one
-compiled sampler) is shared by the module.
+locally (tests/text_helpers.py); the policy is a tiny random Policy whose vocabulary (304
+rows) pads the tokenizer's 300 tokens, so the padded-vocabulary case is always exercised.
+One loop (one compiled sampler) is shared by the module.
 """
 
 import copy
@@ -12,18 +12,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 pytest.importorskip("transformers")
 pytest.importorskip("jinja2")  # apply_chat_template renders with it
-from tokenizers import Tokenizer  # noqa: E402
-from tokenizers import decoders  # noqa: E402
-from tokenizers import models  # noqa: E402
-from tokenizers import pre_tokenizers  # noqa: E402
-from tokenizers import trainers  # noqa: E402
-from transformers import PreTrainedTokenizerFast  # noqa: E402
 
-from rlagent.models import Policy  # noqa: E402
+from text_helpers import CHATML  # noqa: E402
+from text_helpers import tiny_text_policy  # noqa: E402
+from text_helpers import tiny_tokenizer  # noqa: E402
+
 from rlagent.models import PolicyConfig  # noqa: E402
 from rlagent.models.sampler import Generation  # noqa: E402
 from rlagent.text import ChatTemplateError  # noqa: E402
@@ -41,14 +37,6 @@ from rlagent.train.ppo import episode_metrics  # noqa: E402
 from rlagent.train.rewards import turn_rewards  # noqa: E402
 from rlagent.types import token_view  # noqa: E402
 
-SPECIAL = ["<pad>", "<|im_start|>", "<|im_end|>"]
-CHATML = (
-    "{%- if tools %}<|im_start|>system\n# Tools\n{% for tool in tools %}{{ tool | tojson }}\n"
-    "{% endfor %}<|im_end|>\n{% endif %}"
-    "{%- for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
-    "<|im_end|>\n{% endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 # Refuses the tool role, as templates of models without tool use do.
 NO_TOOL_ROLE = CHATML.replace(
     "{%- for message in messages %}",
@@ -76,25 +64,6 @@ CONFIG = TextConfig(max_new_tokens=10, obs_len=256, max_prompt_len=352)
 BATCH = 3
 
 
-def _tokenizer(template=CHATML):
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=SPECIAL, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )  # fmt: skip
-    corpus = ["system user assistant tool guess number higher lower correct function"] * 4
-    tokenizer.train_from_iterator(
-        [*corpus, "You guess numbers. Guess my number from 1 to 9."], trainer
-    )
-    hf = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="<pad>", eos_token="<|im_end|>"
-    )
-    hf.chat_template = template
-    return hf
-
-
 def _env():
     # Three-digit secrets: a random policy's text practically never names one.
     return GuessNumber(low=100, high=999, max_turns=3, use_tools=True)
@@ -102,13 +71,9 @@ def _env():
 
 @pytest.fixture(scope="module")
 def setup():
-    tokenizer = _tokenizer()
+    tokenizer = tiny_tokenizer()
     chat = make_chat(tokenizer, tools=[GUESS_TOOL])
-    policy_config = PolicyConfig(
-        vocab_size=304, pad_id=chat.pad_id, d_model=32, num_layers=1, num_heads=2,
-        num_kv_heads=1, mlp_dim=64, summary_dim=8, num_summary_slots=0,
-    )  # fmt: skip
-    graphdef, params = nnx.split(Policy(policy_config, rngs=nnx.Rngs(0)))
+    policy_config, graphdef, params = tiny_text_policy(chat)
     loop = make_text_loop(chat, graphdef, policy_config, CONFIG)
     keys = jax.random.split(jax.random.key(1), BATCH)
     episodes = [loop.start(_env(), seed) for seed in range(BATCH)]
@@ -270,7 +235,7 @@ def test_a_generation_prompt_other_than_the_assistant_header_is_kept_as_read(set
     template = CHATML.replace(
         "<|im_start|>assistant\n{% endif %}", "<|im_start|>assistant\n- {% endif %}"
     )
-    chat = make_chat(_tokenizer(template))
+    chat = make_chat(tiny_tokenizer(template))
     loop = setup["loop"]._replace(chat=chat, sample=_scripted(chat, [["3"], ["4"]]))
     env = GuessNumber(low=5, high=5, max_turns=2)
     (episode,) = loop.play(None, [loop.start(env, 0)], setup["keys"][:1])
@@ -287,7 +252,7 @@ def test_spans_follow_the_messages_or_the_groups_the_template_renders(setup):
         {"role": "tool", "content": "a"}, {"role": "tool", "content": "b"},
     ]  # fmt: skip
     for template, roles in ((CHATML, ["tool", "tool"]), (GROUPS_TOOLS, ["tool"])):
-        chat = make_chat(_tokenizer(template), tools=[GUESS_TOOL])
+        chat = make_chat(tiny_tokenizer(template), tools=[GUESS_TOOL])
         base = chat.render(conversation[:2], generation_prompt=False)
         tokens, spans, rendered = chat.extend(conversation, 2, base, [])
         assert [s.role for s in spans] == roles
@@ -316,19 +281,21 @@ def test_guess_number_plays_by_its_rules():
 
 def test_chat_refusals_name_the_fault(setup):
     tokenizer = setup["tokenizer"]
-    bare = _tokenizer(template=None)
+    bare = tiny_tokenizer(template=None)
     with pytest.raises(ChatTemplateError, match="has no chat template"):
         make_chat(bare)
     with pytest.raises(ChatTemplateError, match="cannot render tool messages"):
-        make_chat(_tokenizer(NO_TOOL_ROLE), tools=[GUESS_TOOL])
-    make_chat(_tokenizer(NO_TOOL_ROLE))  # fine without tools.
+        make_chat(tiny_tokenizer(NO_TOOL_ROLE), tools=[GUESS_TOOL])
+    make_chat(tiny_tokenizer(NO_TOOL_ROLE))  # fine without tools.
     with pytest.raises(ChatTemplateError, match="ignores tools"):
-        make_chat(_tokenizer(CHATML.replace("{{ tool | tojson }}", "a tool")), tools=[GUESS_TOOL])
+        make_chat(
+            tiny_tokenizer(CHATML.replace("{{ tool | tojson }}", "a tool")), tools=[GUESS_TOOL]
+        )
     with pytest.raises(ChatTemplateError, match="does not end assistant turns"):
         make_chat(tokenizer, end_token="<|im_start|>")
     with pytest.raises(ChatTemplateError, match="not a token of the tokenizer"):
         make_chat(tokenizer, end_token="<|eot_id|>")
-    rewrites = make_chat(_tokenizer(REWRITES_PAST))
+    rewrites = make_chat(tiny_tokenizer(REWRITES_PAST))
     conversation = [
         {"role": "user", "content": "hi"}, {"role": "assistant", "content": "4"},
         {"role": "user", "content": "higher"},

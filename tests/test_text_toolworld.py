@@ -2,8 +2,8 @@
 tool-call texts matches the JAX ToolWorld played with the same DSL actions; malformed
 texts are turns with their own signal, never exceptions; the text loop plays it.
 
-The tokenizer and chat template are tests/test_text.py's (built locally); the mixed DSL
-policy is tests/test_envs_reference.py's.
+The tokenizer, chat template and tiny policy are tests/text_helpers.py's (built locally);
+the mixed DSL policy is tests/test_envs_reference.py's.
 """
 
 import copy
@@ -16,12 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 pytest.importorskip("transformers")
 pytest.importorskip("jinja2")
 from test_envs_reference import _mixed_action  # noqa: E402
-from test_text import _tokenizer  # noqa: E402
+from text_helpers import assert_loss_mask_on_assistant_tokens  # noqa: E402
+from text_helpers import tiny_text_policy  # noqa: E402
+from text_helpers import tiny_tokenizer  # noqa: E402
 
 from rlagent.envs.toolworld import Command  # noqa: E402
 from rlagent.envs.toolworld import StepType  # noqa: E402
@@ -29,8 +30,6 @@ from rlagent.envs.toolworld import ToolWorld  # noqa: E402
 from rlagent.envs.toolworld import ToolWorldConfig  # noqa: E402
 from rlagent.envs.toolworld import dsl  # noqa: E402
 from rlagent.envs.toolworld import oracle_policy  # noqa: E402
-from rlagent.models import Policy  # noqa: E402
-from rlagent.models import PolicyConfig  # noqa: E402
 from rlagent.models.sampler import Generation  # noqa: E402
 from rlagent.text import TextConfig  # noqa: E402
 from rlagent.text import ToolWorldText  # noqa: E402
@@ -306,12 +305,8 @@ def test_refusals():
 
 @pytest.fixture(scope="module")
 def loop():
-    chat = make_chat(_tokenizer(), tools=make_toolworld_text(level=1).tools)
-    policy_config = PolicyConfig(
-        vocab_size=304, pad_id=chat.pad_id, d_model=32, num_layers=1, num_heads=2,
-        num_kv_heads=1, mlp_dim=64, summary_dim=8, num_summary_slots=0,
-    )  # fmt: skip
-    graphdef, params = nnx.split(Policy(policy_config, rngs=nnx.Rngs(0)))
+    chat = make_chat(tiny_tokenizer(), tools=make_toolworld_text(level=1).tools)
+    policy_config, graphdef, params = tiny_text_policy(chat)
     return make_text_loop(chat, graphdef, policy_config, LOOP_CONFIG), params
 
 
@@ -329,16 +324,8 @@ def test_the_text_loop_plays_toolworld_with_a_random_policy(loop):
     np.testing.assert_array_equal(traj.signals["malformed"], np.ones((2, 4)))
     np.testing.assert_array_equal(traj.signals["verdict"], -np.ones((2, 4)))
     np.testing.assert_array_equal(traj.signals["efficiency"], [[0, 0, -1, -1]] * 2)
-    mask = np.asarray(traj.loss_mask)
-    logp = np.asarray(traj.logp)
-    assert np.isfinite(logp[mask]).all() and (logp[mask] < 0).all() and (logp[~mask] == 0).all()
+    assert_loss_mask_on_assistant_tokens(traj, episodes)
     for episode in episodes:
-        tokens, loss_mask = np.asarray(episode.tokens), np.asarray(episode.loss_mask)
-        assistant = np.zeros(len(tokens), bool)
-        for span in episode.spans:
-            assistant[span.start : span.stop] = span.role == "assistant"
-        np.testing.assert_array_equal(loss_mask, assistant)
-        assert tokens[loss_mask].tolist() == sum((t.action for t in episode.turns), [])
         for turn in episode.turns[1:]:
             assert '<|im_start|>tool\n{"error": "malformed turn: ' in chat.decode(turn.obs)
     metrics = episode_metrics(env, traj)

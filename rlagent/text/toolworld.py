@@ -15,7 +15,9 @@ in token and in text mode) and loads it into the plain-Python twin
 the Hermes / Qwen format, `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`,
 with any text around it; a turn without the tags whose whole text is one JSON object
 `{"name": ..., "arguments": {...}}` is read as that call (small models often drop the
-tags). The call becomes its DSL command (`parse_turn`) and the twin steps on its tokens.
+tags; the parser is `rlagent.text.toolcalls`'s, shared with the other text
+environments). The call becomes its DSL command (`parse_turn`) and the twin steps on its
+tokens.
 
 A turn that is not exactly one well-formed call of a known tool with its arguments
 (ids inside the world's ranges, `status` one of the statuses, no missing or extra
@@ -39,7 +41,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from typing import Any
 from typing import NamedTuple
 
@@ -53,7 +54,9 @@ from rlagent.envs.toolworld.dsl import Command
 from rlagent.envs.toolworld.env import ToolWorld
 from rlagent.envs.toolworld.reference import ReferenceToolWorld
 from rlagent.envs.toolworld.reference import RefState
+from rlagent.text import toolcalls
 from rlagent.text.chat import Message
+from rlagent.text.toolcalls import parse_tool_calls
 
 MALFORMED_SIGNAL = "malformed"
 STATUSES: tuple[str, ...] = tuple(
@@ -84,7 +87,6 @@ TOOL_SPECS: dict[Command, tuple[str, str]] = {
 TOOL_COMMANDS: dict[str, Command] = {name: command for command, (name, _) in TOOL_SPECS.items()}
 # The argument name of each DSL argument class.
 _ARGUMENT_NAMES = {"ORDER": "order_id", "ITEM": "item_id", "ADDR": "address_id", "STATUS": "status"}
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _USER_TEXT = {
     "want_address": "Please send my order {order} to address {address} instead.",
     "want_cancel": "Please cancel my order {order}.",
@@ -249,41 +251,28 @@ def tool_call_text(command: Command, arg1: int = 0, arg2: int = 0) -> str:
         _ARGUMENT_NAMES[slot]: STATUSES[values[j]] if slot == "STATUS" else values[j]
         for j, slot in enumerate(_argument_classes(command))
     }
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+    return toolcalls.tool_call_text(name, arguments)
 
 
 def parse_turn(text: str, config: ToolWorldConfig) -> ParsedTurn:
     """The DSL command of an assistant turn's text, or MALFORMED and why (never raises).
 
     One `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` with any text around it,
-    or (without the tags) a text that is one such JSON object.
+    or (without the tags) a text that is one such JSON object (`toolcalls.parse_tool_calls`).
     """
-    blocks = _TOOL_CALL.findall(text)
-    opened = text.count("<tool_call>")
-    if opened != len(blocks) or text.count("</tool_call>") != len(blocks):
-        return _malformed("unbalanced <tool_call> tags (a call must be closed by </tool_call>)")
-    if len(blocks) > 1:
-        return _malformed(f"{len(blocks)} tool calls; call exactly one tool per turn")
-    if not blocks and not text.strip().startswith("{"):
+    parsed = parse_tool_calls(text)
+    if parsed.error is not None:
+        return _malformed(parsed.error)
+    if len(parsed.calls) > 1:
+        return _malformed(f"{len(parsed.calls)} tool calls; call exactly one tool per turn")
+    if not parsed.calls:
         return _malformed(
             'no tool call; write one <tool_call>{"name": ..., "arguments": {...}}</tool_call>'
         )
-    try:
-        call = json.loads(blocks[0] if blocks else text)
-    except (ValueError, RecursionError) as error:  # JSONDecodeError is a ValueError.
-        return _malformed(f"the tool call is not valid JSON ({str(error)[:80]})")
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-        return _malformed('the tool call must be a JSON object with a string "name"')
-    if set(call) - {"name", "arguments"}:
-        return _malformed(f"unexpected keys {sorted(set(call) - {'name', 'arguments'})}")
-    if call["name"] not in TOOL_COMMANDS:
-        return _malformed(
-            f"unknown tool {call['name'][:40]!r}; the tools are {list(TOOL_COMMANDS)}"
-        )
-    arguments = call.get("arguments", {})
-    if not isinstance(arguments, dict):
-        return _malformed('"arguments" must be a JSON object')
-    return _command(TOOL_COMMANDS[call["name"]], arguments, config)
+    (call,) = parsed.calls
+    if call.name not in TOOL_COMMANDS:
+        return _malformed(f"unknown tool {call.name[:40]!r}; the tools are {list(TOOL_COMMANDS)}")
+    return _command(TOOL_COMMANDS[call.name], call.arguments, config)
 
 
 def _command(command: Command, arguments: dict, config: ToolWorldConfig) -> ParsedTurn:

@@ -1,0 +1,71 @@
+"""Helpers of the text-mode tests (tests/test_text*.py): a tiny byte-level BPE tokenizer
+with a ChatML template that renders tools, built locally, and a tiny random policy whose
+vocabulary (304 rows) pads the tokenizer's 300 tokens.
+
+Import it after `pytest.importorskip("transformers")` and `pytest.importorskip("jinja2")`.
+"""
+
+import numpy as np
+from flax import nnx
+from tokenizers import Tokenizer
+from tokenizers import decoders
+from tokenizers import models
+from tokenizers import pre_tokenizers
+from tokenizers import trainers
+from transformers import PreTrainedTokenizerFast
+
+from rlagent.models import Policy
+from rlagent.models import PolicyConfig
+
+SPECIAL = ["<pad>", "<|im_start|>", "<|im_end|>"]
+CHATML = (
+    "{%- if tools %}<|im_start|>system\n# Tools\n{% for tool in tools %}{{ tool | tojson }}\n"
+    "{% endfor %}<|im_end|>\n{% endif %}"
+    "{%- for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def tiny_tokenizer(template=CHATML):
+    """A 300-token byte-level BPE tokenizer with the chat template `template`."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=SPECIAL, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )  # fmt: skip
+    corpus = ["system user assistant tool guess number higher lower correct function"] * 4
+    tokenizer.train_from_iterator(
+        [*corpus, "You guess numbers. Guess my number from 1 to 9."], trainer
+    )
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", eos_token="<|im_end|>"
+    )
+    hf.chat_template = template
+    return hf
+
+
+def tiny_text_policy(chat):
+    """`(policy_config, graphdef, params)` of a tiny random Policy for `chat`'s tokenizer."""
+    policy_config = PolicyConfig(
+        vocab_size=304, pad_id=chat.pad_id, d_model=32, num_layers=1, num_heads=2,
+        num_kv_heads=1, mlp_dim=64, summary_dim=8, num_summary_slots=0,
+    )  # fmt: skip
+    graphdef, params = nnx.split(Policy(policy_config, rngs=nnx.Rngs(0)))
+    return policy_config, graphdef, params
+
+
+def assert_loss_mask_on_assistant_tokens(traj, episodes):
+    """The loss mask is exactly the assistant spans' tokens, which are the generated ids,
+    with finite negative behaviour log-probs there and 0 elsewhere."""
+    mask, logp = np.asarray(traj.loss_mask), np.asarray(traj.logp)
+    assert np.isfinite(logp[mask]).all() and (logp[mask] < 0).all() and (logp[~mask] == 0).all()
+    for episode in episodes:
+        tokens, loss_mask = np.asarray(episode.tokens), np.asarray(episode.loss_mask)
+        assistant = np.zeros(len(tokens), bool)
+        for span in episode.spans:
+            assistant[span.start : span.stop] = span.role == "assistant"
+        np.testing.assert_array_equal(loss_mask, assistant)
+        assert tokens[loss_mask].tolist() == sum((t.action for t in episode.turns), [])
