@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 
 pytest.importorskip("safetensors")
+from model_helpers import write_checkpoint  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
 from safetensors.numpy import save_file  # noqa: E402
 
@@ -88,40 +89,6 @@ def test_logits_match_transformers(hf_checkpoints, family):
     np.testing.assert_allclose(back, reference, atol=1e-5)
 
 
-def _write(folder, config: PolicyConfig, *, shards: int = 1, dtype=np.float32, **edits):
-    """A hub-style checkpoint of random tensors of `config`'s shapes: config.json +
-    safetensors; returns the tensors. `edits` change config.json (None deletes a field)."""
-    architecture = {(False, False): "LlamaForCausalLM", (True, False): "Qwen2ForCausalLM",
-                    (False, True): "Qwen3ForCausalLM"}[config.qkv_bias, config.qk_norm]  # fmt: skip
-    fields = dict(
-        architectures=[architecture], vocab_size=config.vocab_size, hidden_size=config.d_model,
-        num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
-        num_key_value_heads=config.num_kv_heads, head_dim=config.head_dim,
-        intermediate_size=config.mlp_dim, rms_norm_eps=config.norm_eps,
-        rope_theta=config.rope_theta, tie_word_embeddings=config.tie_embeddings,
-        hidden_act="silu",
-    )  # fmt: skip
-    fields.update(edits)
-    fields = {k: v for k, v in fields.items() if v is not None}
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(fields))
-    rng = np.random.RandomState(0)
-    tensors = {name: (0.2 * rng.randn(*shape)).astype(dtype)
-               for name, shape in checkpoint._expected_shapes(config).items()}  # fmt: skip
-    names = sorted(tensors)
-    if shards == 1:
-        save_file(tensors, folder / checkpoint.SINGLE)
-        return tensors
-    weight_map = {}
-    for i in range(shards):
-        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-        part = {name: tensors[name] for name in names[i::shards]}
-        save_file(part, folder / file)
-        weight_map.update(dict.fromkeys(part, file))
-    (folder / checkpoint.INDEX).write_text(json.dumps({"weight_map": weight_map}))
-    return tensors
-
-
 def _assert_holds(llama: Llama, tensors) -> None:
     held = hf.to_hf_state_dict(llama)
     assert sorted(held) == sorted(tensors)
@@ -136,7 +103,7 @@ QWEN2 = PolicyConfig(vocab_size=VOCAB, d_model=32, num_layers=1, num_heads=4, nu
 
 
 def test_numpy_checkpoint_round_trip_in_bfloat16(tmp_path):
-    tensors = _write(tmp_path / "f32", QWEN2, shards=3)
+    tensors = write_checkpoint(tmp_path / "f32", QWEN2, shards=3)
     loaded, config = checkpoint.load_pretrained(tmp_path / "f32")
     assert config == QWEN2
     _assert_holds(loaded, tensors)
@@ -151,13 +118,13 @@ def test_numpy_checkpoint_round_trip_in_bfloat16(tmp_path):
         scale,
     )
     # bf16 files load exactly, into bf16 parameters or upcast into float32 ones.
-    tensors = _write(tmp_path / "bf16", QWEN2, dtype=jnp.bfloat16)
+    tensors = write_checkpoint(tmp_path / "bf16", QWEN2, dtype=jnp.bfloat16)
     _assert_holds(checkpoint.load_pretrained(tmp_path / "bf16", dtype=jnp.bfloat16)[0], tensors)
     _assert_holds(checkpoint.load_pretrained(tmp_path / "bf16")[0], tensors)
 
 
 def test_load_policy_with_a_separate_critic_in_bfloat16(tmp_path):
-    tensors = _write(tmp_path, QWEN3, dtype=jnp.bfloat16)
+    tensors = write_checkpoint(tmp_path, QWEN3, dtype=jnp.bfloat16)
     policy, config = checkpoint.load_policy(
         tmp_path, dtype=jnp.bfloat16, value_head="separate", summary_dim=16
     )
@@ -211,7 +178,7 @@ REFUSALS = {
 @pytest.mark.parametrize("kind", list(REFUSALS))
 def test_bad_checkpoints_are_refused_naming_the_fault(tmp_path, no_tensor_read, kind):
     edits, damage, message = REFUSALS[kind]
-    _write(tmp_path, QWEN3, **edits)
+    write_checkpoint(tmp_path, QWEN3, **edits)
     if damage is not None:
         damage(tmp_path)
     with pytest.raises(checkpoint.CheckpointError, match=message):
@@ -219,7 +186,7 @@ def test_bad_checkpoints_are_refused_naming_the_fault(tmp_path, no_tensor_read, 
 
 
 def test_missing_shard_and_files_are_refused(tmp_path, no_tensor_read):
-    _write(tmp_path, QWEN3, shards=2)
+    write_checkpoint(tmp_path, QWEN3, shards=2)
     index = json.loads((tmp_path / checkpoint.INDEX).read_text())
     moved = {**index["weight_map"], "lm_head.weight": "model-00002-of-00002.safetensors"}
     (tmp_path / checkpoint.INDEX).write_text(json.dumps({"weight_map": moved}))
@@ -242,7 +209,7 @@ def test_tolerated_extras_and_config_forms(tmp_path):
     # transformers does; transformers 5's `rope_parameters` reads as `rope_scaling`.
     rope = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                 original_max_position_embeddings=16, rope_theta=500000.0)  # fmt: skip
-    _write(tmp_path, QWEN2, rope_theta=None, rope_parameters=rope)
+    write_checkpoint(tmp_path, QWEN2, rope_theta=None, rope_parameters=rope)
     _add_tensor(tmp_path, "lm_head.weight", np.zeros((VOCAB, 32), np.float32))
     _add_tensor(tmp_path, "model.layers.0.self_attn.rotary_emb.inv_freq", np.ones(4, np.float32))
     _, config = checkpoint.load_pretrained(tmp_path, pad_id=3)
@@ -261,6 +228,6 @@ def test_new_config_options_are_validated(tmp_path):
         PolicyConfig(rope_scaling="linear", rope_factor=0.0)
     with pytest.raises(ValueError, match="rope_low_freq_factor < rope_high_freq_factor"):
         PolicyConfig(rope_scaling="llama3", rope_low_freq_factor=4.0)
-    _write(tmp_path, QWEN3)  # PolicyConfig's own refusals name config.json too.
+    write_checkpoint(tmp_path, QWEN3)  # PolicyConfig's own refusals name config.json too.
     with pytest.raises(checkpoint.CheckpointError, match="config.json: num_heads=4 must be"):
         checkpoint.read_checkpoint(tmp_path, num_kv_heads=3)

@@ -27,18 +27,20 @@ CHATML = (
 )
 
 
-def tiny_tokenizer(template=CHATML):
-    """A 300-token byte-level BPE tokenizer with the chat template `template`."""
+def tiny_tokenizer(template=CHATML, *, vocab_size=300, corpus=()):
+    """A `vocab_size`-token byte-level BPE tokenizer with the chat template `template`,
+    its merges learnt from a few words and the texts of `corpus` (e.g. an environment's
+    tool schemas, so that its prompts take fewer tokens)."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=SPECIAL, show_progress=False,
+        vocab_size=vocab_size, special_tokens=SPECIAL, show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )  # fmt: skip
-    corpus = ["system user assistant tool guess number higher lower correct function"] * 4
+    words = ["system user assistant tool guess number higher lower correct function"] * 4
     tokenizer.train_from_iterator(
-        [*corpus, "You guess numbers. Guess my number from 1 to 9."], trainer
+        [*words, *corpus, "You guess numbers. Guess my number from 1 to 9."], trainer
     )
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, pad_token="<pad>", eos_token="<|im_end|>"

@@ -74,9 +74,9 @@ from rlagent.train.rewards import check_forms
 from rlagent.train.rewards import reward_weights
 
 __all__ = [
-    "RESUMABLE_FIELDS", "Diverged", "RunError", "check_arguments", "check_finite",
-    "checkpoint_manager", "clear_compiled", "quiet_closed_loops", "resume_state", "run",
-    "save_state",
+    "RESUMABLE_FIELDS", "Diverged", "RunError", "RunFiles", "check_arguments", "check_finite",
+    "checkpoint_manager", "clear_compiled", "open_run", "quiet_closed_loops", "resume_state",
+    "run", "run_files", "save_start", "save_state",
 ]  # fmt: skip
 
 
@@ -140,30 +140,71 @@ def run(
         **({} if initial_params is None else {"initial_params": initial_params_config}),
         **({} if curriculum is None else {"curriculum": curriculum.config}),
     )  # fmt: skip
-    may_change, note = resumable_fields(config.lr_schedule, extra=("train.check_inputs",))
-    resume = prepare_workdir(
-        workdir, resume=resume, overwrite=overwrite, config=resolved, may_change=may_change,
-        note=note,
+    resume, record = open_run(
+        workdir, resolved, lr_schedule=config.lr_schedule, extra=("train.check_inputs",),
+        resume=resume, overwrite=overwrite, chunk_size=chunk_size,
     )  # fmt: skip
-    provenance.write(workdir, record := provenance.collect(resolved, chunk_size=chunk_size))
     trainer = _trainer(config, env, policy_config, rollout_config, mesh, prm=prm, probe=probe)
     state, chunks = _initial_state(trainer, config, runs, seeds, initial_params), trainer
     if curriculum is not None:  # the chunks' stage probabilities come from the scheduler
         chunks = _CurriculumTrainer(config, env, policy_config, rollout_config, mesh, curriculum)
         state, env = chunks.start(state, len(runs)), curriculum.eval_env  # env: evaluation's
+    with run_files(
+        workdir, state, runs, resume=resume, tensorboard=tensorboard, checkpoint=checkpoint
+    ) as files:
+        evaluate = _evaluator(trainer, env, rollout_config, evaluation)
+        rows = _train(
+            chunks, evaluate, files.state, done=files.done, rows=files.rows, runs=runs,
+            config=config, writer=files.writer, manager=files.manager, chunk_size=chunk_size,
+            stop_after=stop_after, progress=progress, eval_every=evaluation.every,
+            credit_every=probe.every,
+        )  # fmt: skip
+        provenance.write(workdir, provenance.finish(record))  # the checkout at the end
+        return rows
+
+
+def open_run(
+    workdir: str, resolved: dict[str, Any], *, lr_schedule: str, extra: Sequence[str] = (),
+    resume: bool = False, overwrite: bool = False, **facts: Any,
+) -> tuple[bool, dict[str, Any]]:  # fmt: skip
+    """Readies `workdir` for a run of the resolved config (`provenance.resolved`) and writes
+    its `provenance.json`: `(resumed, the provenance record)`. A resumed folder must hold
+    the same config except `resumable_fields(lr_schedule, extra)`; `facts` join the record
+    (not the config). `run` starts through it, and so does any other trainer that keeps
+    the run-folder guarantees of the module docstring (`rlagent.text.train`)."""
+    may_change, note = resumable_fields(lr_schedule, extra=extra)
+    resume = prepare_workdir(
+        workdir, resume=resume, overwrite=overwrite, config=resolved, may_change=may_change,
+        note=note,
+    )  # fmt: skip
+    provenance.write(workdir, record := provenance.collect(resolved, **facts))
+    return resume, record
+
+
+class RunFiles(NamedTuple):
+    """A run folder's writers and where the run stands (`run_files`)."""
+
+    writer: MetricWriter  # metrics.csv (and TensorBoard events).
+    manager: ocp.CheckpointManager | None  # <workdir>/checkpoints; None without.
+    done: int  # updates done (restored from the newest readable checkpoint, or 0).
+    state: Any  # the state to go on from (restored, or the fresh one).
+    rows: list[dict[str, Any]]  # the metric rows kept (up to `done`).
+
+
+@contextlib.contextmanager
+def run_files(
+    workdir: str, state: Any, runs: Sequence[tuple[str, int]], *, resume: bool,
+    tensorboard: bool = True, checkpoint: bool = True,
+):  # fmt: skip
+    """The metric writer and checkpoint manager of `workdir` (closed on exit), the state
+    restored from them when resuming (`resume_state`: `state` is the fresh one and the
+    template) and step 0, the start, checkpointed once per folder."""
     writer, manager = MetricWriter(workdir, tensorboard=tensorboard), None
     try:
         manager = checkpoint_manager(workdir) if checkpoint else None
         done, state, rows = resume_state(manager, writer, state, runs, resume=resume)
-        _save_start(manager, done, state)
-        evaluate = _evaluator(trainer, env, rollout_config, evaluation)
-        rows = _train(
-            chunks, evaluate, state, done=done, rows=rows, runs=runs, config=config,
-            writer=writer, manager=manager, chunk_size=chunk_size, stop_after=stop_after,
-            progress=progress, eval_every=evaluation.every, credit_every=probe.every,
-        )  # fmt: skip
-        provenance.write(workdir, provenance.finish(record))  # the checkout at the end
-        return rows
+        save_start(manager, done, state)
+        yield RunFiles(writer, manager, done, state, rows)
     finally:
         writer.close()
         if manager is not None:
@@ -457,7 +498,7 @@ def quiet_closed_loops():
         asyncio.set_event_loop_policy(previous)
 
 
-def _save_start(manager: ocp.CheckpointManager | None, done: int, state: Any) -> None:
+def save_start(manager: ocp.CheckpointManager | None, done: int, state: Any) -> None:
     """Checkpoints step 0, the start (the policy before RL), once per run folder."""
     if manager is not None and done == 0 and 0 not in manager.all_steps():
         save_state(manager, 0, state)

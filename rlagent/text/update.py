@@ -90,7 +90,7 @@ def make_text_update(
         multiple of the mesh's devices); None: wherever the inputs are.
       reference_mesh: the reference's mesh (default: `mesh`).
     """
-    _check_config(config)
+    check_config(config)
     if optimizer is None:
         optimizer = optax.chain(
             optax.clip_by_global_norm(config.max_grad_norm),
@@ -171,7 +171,7 @@ def _minibatches(batch: Any, config: TrainConfig) -> Any:
     return jax.tree.map(lambda x: x.reshape(count, x.shape[0] // count, *x.shape[1:]), batch)
 
 
-def _check_config(config: TrainConfig) -> None:
+def check_config(config: TrainConfig) -> None:
     if config.uses_critic:
         raise ValueError(
             f"TrainConfig.estimator={config.estimator!r} reads a critic's values, which a text "

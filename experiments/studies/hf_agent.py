@@ -1,0 +1,70 @@
+"""A pretrained HF checkpoint trained on a text environment (`experiments.hf_agent`).
+
+`run(config, workdir, model_dir=..., env=...)` builds the typed configs of
+experiments/configs/hf_agent.py, checks the checkpoint folder (`rlagent.text.train
+.check_model`) and the config before anything is written, then trains
+(`rlagent.text.train.run_text`: the host loop's run folder, metrics.csv, provenance.json,
+checkpoints, exact resume).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import ml_collections
+
+from experiments.studies.common import check_counts
+from experiments.studies.sections import make
+from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.text import train as text_train
+from rlagent.text.loop import TextConfig
+from rlagent.train.config import TrainConfig
+
+ENVS = ("toolworld_text", "bfcl")
+BFCL_FIELDS = ("category", "split", "task", "max_turns", "max_steps")
+
+
+def run(
+    config: ml_collections.ConfigDict, workdir: str, *, model_dir: str, env: str,
+    resume: bool = False, overwrite: bool = False, progress: bool = True,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Trains the checkpoint of `model_dir` on `env` (one of ENVS); the metric rows."""
+    train_config, text_config, tasks = build(config, env)
+    model = config.model
+    agent = text_train.check_model(
+        model_dir, tasks.tools, dtype=model.dtype, end_token=model.end_token or None,
+        pad_token=model.pad_token or None,
+    )  # fmt: skip
+    return text_train.run_text(
+        train_config, text_config, tasks, agent, workdir=workdir, seed=config.seed,
+        algorithm=config.algorithm, resume=resume, overwrite=overwrite, progress=progress,
+    )  # fmt: skip
+
+
+def build(
+    config: ml_collections.ConfigDict, env: str
+) -> tuple[TrainConfig, TextConfig, text_train.TaskSet]:
+    """The typed configs and the task set; refuses bad values naming the field."""
+    if env not in ENVS:
+        raise ValueError(f"--env must be one of {ENVS}, got {env!r}")
+    check_counts(config, {"seed": None})
+    train = config.train.to_dict()
+    known = {field.name for field in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(train) - known)
+    if unknown:
+        raise ValueError(f"Unknown train config fields {unknown}; known: {sorted(known)}.")
+    train = {k: tuple(v) if isinstance(v, list) else v for k, v in train.items()}
+    train_config = text_train.train_config(config.algorithm, **train)
+    text_config = make(TextConfig, config.sampling.to_dict(), "sampling")
+    if env == "toolworld_text":
+        tasks = text_train.toolworld_tasks(
+            make(ToolWorldConfig, config.env.toolworld_text.to_dict(), "env.toolworld_text")
+        )
+    else:
+        options = config.env.bfcl.to_dict()
+        unknown = sorted(set(options) - set(BFCL_FIELDS))
+        if unknown:
+            raise ValueError(f"Unknown env.bfcl config fields {unknown}; known: {BFCL_FIELDS}.")
+        tasks = text_train.bfcl_tasks(**options)
+    return train_config, text_config, tasks

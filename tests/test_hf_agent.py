@@ -1,0 +1,257 @@
+"""The HF-agent launcher (experiments.hf_agent, rlagent.text.train): GRPO / PPO of a tiny
+random Qwen2-shaped checkpoint written to a temporary folder with a tiny local tokenizer
+and chat template, on ToolWorld in text mode and on one BFCL task."""
+
+import csv
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("jinja2")
+pytest.importorskip("safetensors")
+import orbax.checkpoint as ocp  # noqa: E402
+from model_helpers import write_checkpoint  # noqa: E402
+from text_helpers import assert_loss_mask_on_assistant_tokens  # noqa: E402
+from text_helpers import tiny_tokenizer  # noqa: E402
+
+from experiments.configs.hf_agent import get_config  # noqa: E402
+from experiments.studies import hf_agent  # noqa: E402
+from rlagent.host.workdir import RunError  # noqa: E402
+from rlagent.models import PolicyConfig  # noqa: E402
+from rlagent.text import train as text_train  # noqa: E402
+from rlagent.text.toolworld import _SYSTEM  # noqa: E402
+from rlagent.text.toolworld import make_toolworld_text  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Qwen2.5-shaped (q/k/v biases, tied embeddings), 512 embedding rows for the tokenizer's
+# 500 tokens (a padded vocabulary, as real checkpoints have).
+QWEN = PolicyConfig(vocab_size=512, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                    mlp_dim=64, qkv_bias=True, tie_embeddings=True, norm_eps=1e-6)  # fmt: skip
+TIMINGS = ("sample_s", "update_s", "time_s")
+BFCL_TASK = "multi_turn_base_100"  # the fewest tools of the category.
+
+
+def _model_folder(folder, tools, texts, vocab_size=500, config=QWEN):
+    """A checkpoint folder: random tensors, and a tokenizer whose merges know the prompts."""
+    corpus = [json.dumps(tool) for tool in tools] * 3 + list(texts) * 3
+    tiny_tokenizer(vocab_size=vocab_size, corpus=corpus).save_pretrained(folder)
+    write_checkpoint(folder, config)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def toolworld_model(tmp_path_factory):
+    env = make_toolworld_text(level=1)
+    return _model_folder(tmp_path_factory.mktemp("qwen_toolworld"), env.tools, [_SYSTEM])
+
+
+def _config(algorithm="grpo", **train):
+    """Two updates of one group of two episodes, two turns of at most 6 tokens."""
+    config = get_config()
+    config.algorithm = algorithm
+    config.env.toolworld_text.max_turns = 2
+    config.train.update(
+        {**dict(num_updates=2, num_groups=1, group_size=2, learning_rate=1e-2), **train}
+    )
+    config.sampling.update(max_new_tokens=6, obs_len=1280, max_prompt_len=1408)
+    return config
+
+
+def _run(config, workdir, model_dir, env="toolworld_text", **kwargs):
+    return hf_agent.run(
+        config, str(workdir), model_dir=str(model_dir), env=env, progress=False, **kwargs
+    )
+
+
+def _rows(workdir):
+    with open(os.path.join(workdir, "metrics.csv"), newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _params(workdir, step):
+    """The policy parameters of checkpoint `step` (a plain tree of arrays)."""
+    with ocp.CheckpointManager(os.path.join(workdir, "checkpoints")) as manager:
+        restored = manager.restore(step, args=ocp.args.StandardRestore())
+    return restored["params"] if isinstance(restored, dict) else restored[0]
+
+
+def _leaves(tree):
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(tree)]
+
+
+def _assert_run_folder(workdir, algorithm):
+    rows = _rows(workdir)
+    assert [int(row["update"]) for row in rows] == [1, 2]
+    for name in ("success", "return", "malformed_rate", "tokens_generated", "kl_ref", *TIMINGS):
+        assert all(np.isfinite(float(row[name])) for row in rows), name
+    assert {row["condition"] for row in rows} == {algorithm}
+    record = json.loads((workdir / "provenance.json").read_text())
+    assert record["config"]["algorithm"] == algorithm
+    assert record["config"]["train"]["estimator"] == text_train.ALGORITHMS[algorithm]["estimator"]
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["0", "1", "2"]
+    return rows
+
+
+def test_the_launcher_trains_grpo_on_toolworld_text(toolworld_model, tmp_path):
+    workdir = tmp_path / "run"
+    overrides = [
+        "--config.env.toolworld_text.max_turns=2", "--config.train.num_updates=2",
+        "--config.train.num_groups=1", "--config.train.group_size=2",
+        "--config.sampling.max_new_tokens=6", "--config.sampling.obs_len=1280",
+        "--config.sampling.max_prompt_len=1408",
+    ]  # fmt: skip
+    command = [sys.executable, "-m", "experiments.hf_agent", f"--model_dir={toolworld_model}",
+               "--env=toolworld_text", f"--workdir={workdir}", *overrides]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "update 2/2" in done.stdout
+    rows = _assert_run_folder(workdir, "grpo")
+    # The random model writes no call: every turn is malformed, the group's episodes score
+    # alike, GRPO's advantages are 0 (up to rounding) and the parameters stay as loaded.
+    assert all(float(row["malformed_rate"]) == 1.0 for row in rows)
+    for before, after in zip(
+        _leaves(_params(workdir, 0)), _leaves(_params(workdir, 2)), strict=True
+    ):
+        np.testing.assert_allclose(after, before, rtol=0, atol=1e-6)
+    # A rerun into the same folder is refused, in one line, and changes nothing.
+    stamp = (workdir / "metrics.csv").read_text()
+    again = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert again.returncode == 1
+    assert again.stderr.strip().splitlines()[-1].startswith(f"error: {workdir} is not empty")
+    assert (workdir / "metrics.csv").read_text() == stamp
+
+
+def test_ppo_changes_the_parameters_and_resumes_exactly(toolworld_model, tmp_path):
+    full = tmp_path / "full"
+    rows = _run(_config("ppo"), full, toolworld_model)
+    _assert_run_folder(full, "ppo")
+    assert float(rows[1]["kl_ref"]) > 0  # the policy moved away from the reference.
+    changed = [
+        not np.array_equal(a, b)
+        for a, b in zip(_leaves(_params(full, 0)), _leaves(_params(full, 1)), strict=True)
+    ]
+    assert all(changed), changed
+    # One update, then --resume to two (num_updates may grow at a constant learning rate).
+    part = tmp_path / "part"
+    _run(_config("ppo", num_updates=1), part, toolworld_model)
+    with pytest.raises(RunError, match="not empty"):
+        _run(_config("ppo"), part, toolworld_model)
+    _run(_config("ppo"), part, toolworld_model, resume=True)
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]  # noqa: E731
+    assert strip(_rows(part)) == strip(_rows(full))
+    with pytest.raises(RunError, match="different config: train.learning_rate"):
+        _run(_config("ppo", learning_rate=1e-3), part, toolworld_model, resume=True)
+
+
+def test_the_loss_mask_covers_only_the_assistant_tokens(toolworld_model, tmp_path):
+    config = _config()
+    train_config, text_config, tasks = hf_agent.build(config, "toolworld_text")
+    model = text_train.check_model(str(toolworld_model), tasks.tools)
+    run, params = text_train.make_text_run(train_config, text_config, tasks, model)
+    episodes, trajectory = text_train.play_batch(run, params, 0)
+    assert_loss_mask_on_assistant_tokens(trajectory, episodes)
+    assert len({tuple(e.tokens[: len(e.turns[0].obs)]) for e in episodes}) == 1  # one task.
+    # The run's first update plays this very batch.
+    rows = _run(config, tmp_path / "w", toolworld_model)
+    assert rows[0]["tokens_generated"] == float(np.sum(np.asarray(trajectory.loss_mask)))
+
+
+def test_grpo_on_one_bfcl_task(tmp_path_factory, tmp_path):
+    pytest.importorskip("bfcl_eval")
+    from rlagent.text import bfcl
+
+    env = bfcl.make_bfcl_text(BFCL_TASK, max_turns=1)
+    texts = [m["content"] for m in env.reset(0)]
+    big = dataclasses.replace(QWEN, vocab_size=1024)
+    folder = _model_folder(tmp_path_factory.mktemp("qwen_bfcl"), env.tools, texts, 1000, big)
+    config = _config()
+    config.env.bfcl.update(task=BFCL_TASK, max_turns=1)
+    config.sampling.update(obs_len=2816, max_prompt_len=2880)
+    rows = _run(config, tmp_path / "bfcl", folder, env="bfcl")
+    _assert_run_folder(tmp_path / "bfcl", "grpo")
+    assert all(row["tokens_generated"] > 0 for row in rows)
+    record = json.loads((tmp_path / "bfcl" / "provenance.json").read_text())
+    assert (
+        record["config"]["env"]["task"] == BFCL_TASK
+        and BFCL_TASK in record["config"]["env"]["tasks"]
+    )
+
+
+def _no_template(folder):
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    for name in ("chat_template.jinja", "chat_template.json"):
+        if (folder / name).exists():
+            (folder / name).unlink()
+
+
+def _no_tokenizer(folder):
+    for name in os.listdir(folder):
+        if name.startswith(("tokenizer", "chat_template", "special_tokens")):
+            os.remove(folder / name)
+
+
+BROKEN_MODELS = {
+    "no config.json": (lambda f: (f / "config.json").unlink(), "no config.json"),
+    "no safetensors": (lambda f: (f / "model.safetensors").unlink(), "neither"),
+    "no tokenizer": (_no_tokenizer, "no tokenizer transformers can load"),
+    "no chat template": (_no_template, "has no chat template"),
+    "vocab mismatch": (lambda f: write_checkpoint(f, dataclasses.replace(QWEN, vocab_size=256)),
+                       "vocab_size=256 is smaller than the tokenizer's 500 tokens"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", list(BROKEN_MODELS))
+def test_a_bad_model_folder_is_refused_before_anything_is_written(toolworld_model, tmp_path, kind):
+    damage, message = BROKEN_MODELS[kind]
+    folder = tmp_path / "model"
+    shutil.copytree(toolworld_model, folder)
+    damage(folder)
+    with pytest.raises(ValueError, match=message):
+        _run(_config(), tmp_path / "w", folder)
+    assert not (tmp_path / "w").exists()
+
+
+BAD_CONFIGS = {
+    "algorithm": (lambda c: setattr(c, "algorithm", "a2c"), "config.algorithm must be one of"),
+    "num_groups": (lambda c: c.train.update(num_groups=0), "TrainConfig.num_groups must be >= 1"),
+    "estimator": (lambda c: c.train.update(estimator="gae_turn"), "estimator='gae_turn'"),
+    "schedule": (lambda c: c.train.update(lr_schedule="cosine"), "lr_schedule must be"),
+    "sampling": (lambda c: c.sampling.update(max_new_tokens=0), "TextConfig.max_new_tokens"),
+    "dtype": (lambda c: c.model.update(dtype="int8"), "config.model.dtype"),
+    "reward": (lambda c: c.train.update(reward="dialogue"), "config.train.reward"),
+    "guardrail": (lambda c: c.env.toolworld_text.update(guardrail="mask"), "guardrail='mask'"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", list(BAD_CONFIGS))
+def test_bad_config_values_are_refused_naming_the_field(toolworld_model, tmp_path, kind):
+    edit, message = BAD_CONFIGS[kind]
+    config = _config()
+    edit(config)
+    with pytest.raises(ValueError, match=message):
+        _run(config, tmp_path / "w", toolworld_model)
+    assert not (tmp_path / "w").exists()
+
+
+def test_missing_model_dir_and_unknown_env_exit_with_one_line(tmp_path):
+    for flag, message in (
+        ("--model_dir=" + str(tmp_path / "absent"), "is not a folder"),
+        ("--env=atari", "--env must be one of"),
+    ):
+        command = [sys.executable, "-m", "experiments.hf_agent", f"--workdir={tmp_path / 'w'}",
+                   f"--model_dir={tmp_path}", flag]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert done.returncode == 1, done.stderr[-2000:]
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: ") and message in last, last
+        assert not (tmp_path / "w").exists()
