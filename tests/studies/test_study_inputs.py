@@ -149,6 +149,28 @@ def refused(tmp_path, study: str, message: str, config_name: str | None = None, 
         ("strategies", {"grpo_estimator": "bogus"}, r"config.grpo_estimator: Unknown estimator"),
         ("strategies", {"prm_kind": "bogus"}, r"config.prm_kind: Unknown PRMConfig.kind 'bogus'"),
         ("strategies", {"behaviour": "bogus"}, r"config.behaviour: Unknown policy 'bogus'"),
+        # The same entry spelt two ways would train and count the same runs twice.
+        (
+            "credit_accuracy",
+            {"estimators": "gae_token@0.9,gae_token@0.90"},
+            r"config.estimators: 'gae_token@0.9' and 'gae_token@0.90' name the same estimator",
+        ),
+        (
+            "credit_accuracy",
+            {"policies": "ppo_0,ppo_00"},
+            r"config.policies: 'ppo_0' and 'ppo_00' name the same policy",
+        ),
+        ("curriculum", {"stages": "h3,h03"}, r"config.stages: 'h3' and 'h03' name the same stage"),
+        (
+            "curriculum",
+            {"schedules": "success/frontier_share=0.5,success/frontier_share=0.50"},
+            r"config.schedules: 'success/frontier_share=0.5' and .* name the same schedule",
+        ),
+        (
+            "rs_sft",
+            {"thresholds": "outcome@1,outcome@1.0"},
+            r"config.thresholds names judge@threshold \['outcome@1'\] more than once",
+        ),
     ],
 )
 def test_counts_and_sections_are_refused_before_the_workdir(tmp_path, study, fields, message):
