@@ -328,4 +328,4 @@ def _headline(part: dict) -> dict:
 if __name__ == "__main__":
     flags.FLAGS.set_default("config", _MAIN_CONFIG)
     flags.FLAGS.set_default("repeats", 5)
-    app.run(main)
+    app.run(main, flags_parser=launch.parse_flags)

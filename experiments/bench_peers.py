@@ -429,4 +429,4 @@ def _commit() -> str:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=launch.parse_flags)

@@ -278,6 +278,11 @@ def test_baseline_scripts_refuse_counts_and_levels_that_measure_nothing():
          "error: --config: [Errno 2] No such file or directory: 'experiments/configs/nope.py'"),
         (["experiments.dialogue_baselines", "--episodes=0"],
          "error: --episodes must be >= 1, got 0."),
+        # absl's own flag errors, as one line (launch.parse_flags).
+        (["experiments.sparse_vs_dense", "--config.seeds=2.5"],
+         "error: flag --config.seeds=2.5: invalid literal for int() with base 10: '2.5'"),
+        (["experiments.pipeline", "--no_such_flag=1"],
+         "error: Unknown command line flag 'no_such_flag'"),
     ],
 )  # fmt: skip
 def test_launchers_exit_with_one_line_errors(tmp_path, args, message):
