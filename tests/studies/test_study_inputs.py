@@ -240,7 +240,7 @@ def test_damaged_checkpoint_folders_are_refused_naming_them(tmp_path, tiny_polic
     shadow.save_checkpoint(
         str(folder), nnx.state(Policy(policy_config, rngs=nnx.Rngs(0))), config, step=1
     )
-    with pytest.raises(ValueError, match=r"@abc: the checkpoint step 'abc' is no number"):
+    with pytest.raises(ValueError, match=r"@abc: the checkpoint step 'abc' is not a whole number"):
         shadow.load_checkpoint(f"{folder}@abc")
     for path in (folder / "checkpoints" / "1").rglob("*"):
         if path.is_file():
