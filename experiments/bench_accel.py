@@ -53,8 +53,8 @@ from flax import nnx
 from ml_collections import config_flags
 
 from experiments import bench_train
+from experiments import launch
 from experiments.studies.common import build as build_setup
-from rlagent.host import compile_cache
 from rlagent.host import provenance
 from rlagent.models import sharding
 from rlagent.models.llama import Llama
@@ -111,7 +111,7 @@ GROUP_SIZE = 4  # GRPO episodes per prompt in the text batch.
 def main(argv):
     del argv
     if bench_train._CACHE_DIR.value is not None:
-        compile_cache.enable_compilation_cache(bench_train._CACHE_DIR.value)
+        launch.enable_cache(bench_train._CACHE_DIR.value)
     start = time.perf_counter()
     device = jax.devices()[0]
     results = {
@@ -328,4 +328,4 @@ def _headline(part: dict) -> dict:
 if __name__ == "__main__":
     flags.FLAGS.set_default("config", _MAIN_CONFIG)
     flags.FLAGS.set_default("repeats", 5)
-    app.run(main)
+    app.run(main, flags_parser=launch.parse_flags)

@@ -61,7 +61,6 @@ from rlagent.envs.prompts import PromptEnv
 from rlagent.envs.prompts.env import END
 from rlagent.envs.prompts.env import PAD
 from rlagent.envs.toolworld import ToolWorld
-from rlagent.host import compile_cache
 from rlagent.models import Policy
 from rlagent.models import PolicyConfig
 from rlagent.models.hf import to_hf_model
@@ -128,7 +127,7 @@ DIFFERENCES = (
 def main(argv):
     del argv
     if _CACHE_DIR.value is not None:
-        compile_cache.enable_compilation_cache(_CACHE_DIR.value)
+        launch.enable_cache(_CACHE_DIR.value)
     results = {
         "load_avg_before": os.getloadavg(),
         "settings": _settings(),
@@ -430,4 +429,4 @@ def _commit() -> str:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=launch.parse_flags)

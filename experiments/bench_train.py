@@ -117,7 +117,10 @@ def main(argv):
     if _CACHE_CHECK.value:
         return _write(cache_check(_CACHE_DIR.value))
     if _CACHE_DIR.value is not None:
-        compile_cache.enable_compilation_cache(_CACHE_DIR.value)
+        try:  # launch.enable_cache's one-line error (launch is not imported: old checkouts)
+            compile_cache.enable_compilation_cache(_CACHE_DIR.value)
+        except ValueError as error:
+            sys.exit(f"error: {error}")
     config = _CONFIG.value
     setup = build_setup(config)
     seeds = range(config.first_seed, config.first_seed + config.seeds)

@@ -122,4 +122,4 @@ def _baselines():
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=launch.parse_flags)

@@ -104,6 +104,24 @@ def run_reported(work: Callable[[], Any]) -> None:
         sys.exit(f"error: {error}")
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+    """`app.run(main, flags_parser=parse_flags)`: absl's flag parsing with its error as one
+    line (`error: flag --config.seeds=2.5: invalid literal for int() ...`), exit status 1."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as error:
+        sys.exit(f"error: {error}")
+
+
+def enable_cache(folder: str | None) -> None:
+    """`compile_cache.enable_compilation_cache(folder)` for scripts that do not run through
+    `run_reported` (the benchmarks): a bad folder exits with its one-line error."""
+    try:
+        compile_cache.enable_compilation_cache(folder)
+    except ValueError as error:
+        sys.exit(f"error: {error}")
+
+
 def data_mesh() -> Any:
     """After `define_flags(..., distributed=True)`: initialises a multi-host run when its
     flags are given; the data mesh over `--num_devices` devices, None when unset."""

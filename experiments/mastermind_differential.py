@@ -113,4 +113,4 @@ def policy_stats(level: str, policy: str, games: int, seed: int) -> dict[str, fl
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=launch.parse_flags)

@@ -66,3 +66,10 @@ def test_the_default_folder_is_the_environments_else_under_xdg_cache_home(
     assert compile_cache.default_cache_dir() == os.path.join(str(tmp_path), "rlagent", "jax")
     jax_cache_config.setenv("XDG_CACHE_HOME", "")
     assert compile_cache.default_cache_dir() == os.path.expanduser("~/.cache/rlagent/jax")
+
+
+def test_a_file_as_the_cache_folder_is_one_line_for_the_benchmarks_too(tmp_path):
+    path = tmp_path / "cache"
+    path.write_text("")
+    with pytest.raises(SystemExit, match=r"^error: .*is a file, not a folder"):
+        launch.enable_cache(str(path))

@@ -115,6 +115,9 @@ def test_study_config_errors_name_the_field():
     config.thresholds = "vibes@1"
     with pytest.raises(ValueError, match="config.thresholds"):
         rs_sft.conditions(config)
+    config.thresholds = "outcome@1,outcome@1.0"  # one condition spelt twice
+    with pytest.raises(ValueError, match=r"config.thresholds names .*'outcome@1'.* more than"):
+        rs_sft.conditions(config)
     config = rs_sft_config.get_config()
     with pytest.raises(ValueError, match="config.envs"):
         rs_sft.family_config(config, "level2")

@@ -3,6 +3,7 @@ DPO loss against NumPy, and seeded smoke runs of the offline and online trainers
 tiny ToolWorld level 1."""
 
 import copy
+import functools
 import json
 
 import jax
@@ -341,3 +342,45 @@ def test_online_fork_pairs(logged):
     assert float(found.turns) == played.turn_mask.sum() + float(
         np.sum(spliced.turn_mask) - sum(start)
     )
+
+
+@pytest.mark.parametrize("mode", ["trajectory", "fork"])
+def test_online_pairs_are_logged_as_records_that_replay(logged, tmp_path, mode):
+    """`logged_updates` trains exactly as `updates` and returns each iteration's pairs;
+    `pairs.log_records` turns them into records that validate, load back and replay in
+    the environment; a noisy judge's flipped pairs are recorded as it stated them."""
+    level = "segment" if mode == "fork" else "trajectory"
+    config = dpo.DPOConfig(num_groups=4, group_size=3, pairs=mode, level=level, num_updates=2)
+    judge = judges.make_judge(TrainConfig())
+    trainer = online.make_online_dpo(config, ENV, logged["policy_config"], ROLLOUT, judge=judge)
+    weights = judges.judge_weights(TrainConfig(), "process")
+    state = trainer.init(jax.random.key(0), weights, 0.5)  # a noisy judge: flips happen
+    plain_state, plain = jax.jit(lambda s: trainer.updates(s, 2))(state)
+    new_state, (metrics, logs) = jax.jit(lambda s: trainer.logged_updates(s, 2))(state)
+    for name in plain:  # the same program but for its outputs: XLA may fuse differently
+        np.testing.assert_allclose(metrics[name], plain[name], rtol=1e-5, err_msg=name)
+    close = functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-7)
+    jax.tree.map(close, new_state.params, plain_state.params)
+    records = []
+    for update in range(2):
+        log = jax.tree.map(lambda x, u=update: x[u], logs)
+        meta = {"id": f"online/{update}", "policy": {"name": "tiny", "version": f"update {update}"},
+                "judge": "process@0.5"}  # fmt: skip
+        records += pairs.log_records(log, env=ENV, meta=meta)
+        assert len(records) == sum(float(logs.weight[u].sum()) for u in range(update + 1))
+        scores = np.asarray(log.scores)
+        for record in records[-int(log.weight.sum()):]:
+            n = int(record.id.rsplit("/", 1)[1])
+            c, r = int(log.chosen[n]), int(log.rejected[n])
+            flipped = scores[c] < scores[r]
+            assert record.judge["name"] == "process@0.5" + (" (flipped)" if flipped else "")
+            assert {record.judge["chosen_score"], record.judge["rejected_score"]} == {
+                float(scores[c]), float(scores[r])}  # fmt: skip
+            assert len(record.prefix) == int(log.prefix_turns[n])
+    assert any("(flipped)" in r.judge["name"] for r in records)
+    path = str(tmp_path / "online.jsonl")
+    data.write_records(path, records)
+    loaded = data.load_records(path)
+    assert [r.id for r in loaded] == [r.id for r in records]
+    batch = pairs.records_to_pairs(loaded, ENV, constrained=True, level=level, pad_to=16)
+    assert float(batch.weight.sum()) == len(records)

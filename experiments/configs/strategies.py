@@ -60,6 +60,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.fork_judges = "outcome,process"
     # The PRM judge: rlagent.prm kind (implicit: trained on episode outcomes only).
     config.prm_kind = "implicit"
+    # Append every online iteration's judged pairs to <group>/pairs.jsonl as they come
+    # (rlagent.preference.data records: the policy version, the judge and its scores).
+    config.log_pairs = False
 
     # Offline DPO on logs of a behaviour policy (an environment-level policy of
     # experiments.studies.common.env_policy), ranked by `offline_judge`.

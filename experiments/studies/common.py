@@ -387,6 +387,20 @@ def names(text: str, field: str = "conditions", what: str = "reward form") -> li
     return parsed
 
 
+def distinct(entries: Sequence[tuple[str, Any]], field: str, what: str) -> None:
+    """Refuses two entries of `config.<field>` that mean the same: `(given, meaning)`
+    pairs, e.g. `gae_token@0.9` and `gae_token@0.90`, or `h3` and `h03` (a repeat spelt
+    differently would train and count the same runs twice)."""
+    seen: dict[str, str] = {}
+    for given, meaning in entries:
+        key = repr(meaning)
+        if key in seen:
+            raise ValueError(
+                f"config.{field}: {seen[key]!r} and {given!r} name the same {what}; give it once."
+            )
+        seen[key] = given
+
+
 def ints(text: str, field: str, what: str, minimum: int | None = None) -> list[int]:
     """The comma-separated integers of config field `field`, each at least `minimum` when
     given (errors name the field)."""

@@ -43,6 +43,7 @@ from experiments.studies.common import LMSetup
 from experiments.studies.common import check_counts
 from experiments.studies.common import check_lm
 from experiments.studies.common import checkpoint
+from experiments.studies.common import distinct
 from experiments.studies.common import env_policy
 from experiments.studies.common import estimator_config
 from experiments.studies.common import ints
@@ -150,6 +151,7 @@ def plan(config: ml_collections.ConfigDict) -> Plan:
             estimators[spec] = estimator_config(base, spec)
         except ValueError as error:
             raise ValueError(f"config.estimators: {spec!r}: {error}") from None
+    distinct(list(estimators.items()), "estimators", "estimator")
     rewards = names(config.rewards, "rewards", "reward form")
     learned = [r for r in rewards if r in LEARNED_REWARDS]
     if learned:  # no PRM scores the Monte-Carlo episodes: their learned components are 0
@@ -213,6 +215,11 @@ def _check_config(
                 env_policy(probe, name)
         except ValueError as error:
             raise ValueError(f"config.policies: {error}") from None
+    distinct(
+        [(n, int(n.removeprefix("ppo_")) if n.startswith("ppo_") else n) for n in policies],
+        "policies",
+        "policy",
+    )
     if any(name.startswith("ppo_") for name in policies):
         check_lm(config, probe)
     return horizons, policies

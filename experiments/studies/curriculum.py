@@ -62,12 +62,15 @@ def run(
     schedules = common.names(config.schedules, "schedules", "schedule")
     base = make(CurriculumConfig, config.curriculum, "curriculum")
     schedulers = {name: schedule_config(base, name) for name in schedules}  # errors first
+    common.distinct(list(schedulers.items()), "schedules", "schedule")
+    families = {name: rs_sft.family_config(config, name, "stages") for name in stages}
+    common.distinct([(n, f.env.to_dict()) for n, f in families.items()], "stages", "stage")
     setup = common.build(config)
     if not setup.eval_config.every:
         raise ValueError("config.eval.every must be > 0: schedules are compared held out.")
     # Pad absent tasks' markers as settled: a short stage shows no open task beyond its own.
     mixture = StageMixture(
-        [common.build(rs_sft.family_config(config, name, "stages")).env for name in stages],
+        [common.build(family).env for family in families.values()],
         pad_progress=int(Progress.DONE),
     )
     resuming = common.prepare(workdir, config, resume=resume, overwrite=overwrite)

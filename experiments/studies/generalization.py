@@ -530,9 +530,10 @@ def markdown(summary: Mapping[str, Any]) -> str:
     claims = {row["finding"]: row["claim"] for row in summary["findings"]}
     header = ["finding (ToolWorld)", "source", "measured", "verdict"]
     table = []
-    for finding, claim in claims.items():
-        for row in (r for r in summary["findings"] if r["finding"] == finding):
-            shown = claim if not table or table[-1][0] not in (claim, "") else ""
+    for finding, claim in claims.items():  # the claim on the first row of its sources
+        rows = [r for r in summary["findings"] if r["finding"] == finding]
+        for i, row in enumerate(rows):
+            shown = "" if i else claim
             table.append([shown, row["env"], row["measured"], f"**{row['verdict']}**"])
     lines += [""] + report.markdown_rows(header, table)
     lines.append(

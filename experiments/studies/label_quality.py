@@ -113,10 +113,7 @@ def run(config: ml_collections.ConfigDict, env: ToolWorld, workdir: str) -> list
 def validate(config: ml_collections.ConfigDict, env: ToolWorld) -> list[int]:
     """Checks the study's section before anything runs (errors name the field); returns
     the sorted distinct N of `config.samples`."""
-    try:
-        samples = sorted({int(n) for n in names(config.samples, "labels.samples", "N")})
-    except ValueError as error:
-        raise ValueError(f"config.labels.samples: {error}") from None
+    samples = sorted(common.ints(config.samples, "labels.samples", "N"))  # errors name it
     if samples[0] < 1:
         raise ValueError(f"config.labels.samples must be >= 1, got {samples[0]}.")
     common.check_counts(config, COUNTS, "config.labels")

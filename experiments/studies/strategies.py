@@ -288,30 +288,81 @@ def _online_rows(config, setup, workdir, *, resume: bool, progress: bool) -> lis
         init, chunk = _online_programs(dpo_config, train, setup.env,
                                        policy_config=setup.policy_config,
                                        rollout_config=setup.rollout_config, prm_kind=prm_kind,
-                                       every=every)  # fmt: skip
+                                       every=every, log=config.log_pairs)  # fmt: skip
         runs = [(name, accuracy, seed) for name, accuracy in judges for seed in setup.seeds]
         keys = jnp.stack([jax.random.PRNGKey(seed) for *_, seed in runs])
         weights = jnp.stack([judge_weights(train, name) for name, _, _ in runs])
         accuracy = jnp.asarray([a for _, a, _ in runs], jnp.float32)
         labels = [(_label(prefix, name, a, prm_kind), seed) for name, a, seed in runs]
+        log = None
+        if config.log_pairs:
+            log = _PairsLog(os.path.join(workdir, folder, PAIRS_FILE),
+                            [_label(prefix, name, a, None) for name, a, _ in runs])  # fmt: skip
         rows += _train_and_evaluate(chunk, (init, (keys, weights, accuracy)), labels,
                                     every=every, points=points, setup=setup,
                                     folder=os.path.join(workdir, folder), resume=resume,
-                                    progress=progress)  # fmt: skip
+                                    progress=progress, log=log)  # fmt: skip
     return rows
 
 
+PAIRS_FILE = "pairs.jsonl"  # an online group's judged pairs (config.log_pairs)
+
+
+class _PairsLog(NamedTuple):
+    path: str  # the group's PAIRS_FILE.
+    judges: list[str]  # each run's judge, as records name it.
+
+
+def _log_pairs(log: _PairsLog, logs, first_update: int, runs, env) -> None:
+    """Appends a chunk's pairs (`online.PairLog` [R, updates]) to `log.path` as records
+    of `rlagent.preference.data`: id `<run label>/<seed>/<update>/<pair>`, the policy that
+    played them `<label>/seed<seed>` after `<update>` updates, the run's judge."""
+    logs = jax.device_get(logs)
+    records = []
+    for i, ((label, seed), judge) in enumerate(zip(runs, log.judges, strict=True)):
+        for u in range(logs.weight.shape[1]):
+            update = first_update + u
+            meta = {
+                "id": f"{label}/{seed}/{update}",
+                "judge": judge,
+                "policy": {"name": f"{label}/seed{seed}", "version": f"update {update}"},
+            }
+            one = jax.tree.map(lambda x, i=i, u=u: x[i, u], logs)
+            records += pairs.log_records(one, env=env, meta=meta)
+    pref_data.write_records(log.path, records, append=True)
+
+
+def _keep_pairs(path: str, done: int) -> None:
+    """On resume: the pairs log keeps the records of the updates the restored state had
+    made (`done`; a record's update is its id's second last part), and drops a last line
+    that a kill cut short; the file is replaced atomically."""
+    if not os.path.exists(path):
+        return
+    with open(path) as handle:
+        lines = handle.readlines()
+    kept = [
+        line for line in lines
+        if line.endswith("\n") and int(json.loads(line)["id"].split("/")[-2]) < done
+    ]  # fmt: skip
+    with open(path + ".tmp", "w") as handle:
+        handle.writelines(kept)
+    os.replace(path + ".tmp", path)
+
+
 @functools.lru_cache(maxsize=8)
-def _online_programs(dpo_config, train, env, *, policy_config, rollout_config, prm_kind, every):
+def _online_programs(dpo_config, train, env, *, policy_config, rollout_config, prm_kind, every,
+                     log=False):  # fmt: skip
     """`(jit(vmap(init)), jit(vmap(every updates)))` of one online group (the judges'
-    weights and accuracies are data in the states), cached for a resume in-process."""
+    weights and accuracies are data in the states), cached for a resume in-process; with
+    `log` the chunk also returns its pairs (`(metrics, PairLog)`)."""
     prm = None
     if prm_kind:
         prm = make_prm(PRMConfig(kind=prm_kind), train, env, policy_graphdef(policy_config),
                        rollout_config)  # fmt: skip
     trainer = make_online_dpo(dpo_config, env, policy_config, rollout_config,
                               judge=make_judge(train, prm))  # fmt: skip
-    chunk = jax.vmap(lambda state: trainer.updates(state, every))
+    updates = trainer.logged_updates if log else trainer.updates
+    chunk = jax.vmap(lambda state: updates(state, every))
     return jax.jit(jax.vmap(trainer.init)), jax.jit(chunk)
 
 
@@ -322,25 +373,33 @@ def _label(prefix: str, judge: str, accuracy: float, prm_kind: str | None) -> st
 
 
 def _train_and_evaluate(chunk, init, runs, *, every, points, setup, folder, resume,
-                        progress: bool, base_turns=None) -> list[dict[str, Any]]:  # fmt: skip
+                        progress: bool, base_turns=None,
+                        log: _PairsLog | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """`points` calls of `chunk` (`every` updates of every run, `(label, seed)`, on the
     vmapped states that `init = (function, arguments)` makes), a held-out evaluation of
     each run after every chunk; rows per evaluation with the run's total environment
     turns so far (`base_turns [R]`: turns spent before training, e.g. logging). After
     each chunk its rows go to `<folder>/metrics.csv`, then the states to
     `<folder>/checkpoints/<updates>`; with `resume` the newest checkpoint the rows reach
-    is restored (`loop.resume_state`) and training continues from it."""
+    is restored (`loop.resume_state`) and training continues from it. With `log` the
+    chunk returns `(metrics, logs)`, and its pairs are appended to `log.path` before its
+    rows (on resume the file is cut back to the restored state: `_keep_pairs`)."""
     writer, manager = MetricWriter(folder, tensorboard=False), loop.checkpoint_manager(folder)
     try:  # the template's shapes suffice to restore: a resumed group compiles no init
         done, states, rows = loop.resume_state(manager, writer, jax.eval_shape(init[0], *init[1]),
                                                runs, resume=resume)  # fmt: skip
         states = states if done else init[0](*init[1])
+        if log is not None:
+            _keep_pairs(log.path, done)
         total = np.zeros(len(runs)) if base_turns is None else np.asarray(base_turns, float)
         for row in rows:  # the turns so far, as the checkpointed chunk left them
             total[runs.index((row["condition"], int(row["seed"])))] = row["env_turns_total"]
         for point in range(done // every, points):
             began = time.time()
             states, metrics = chunk(states)
+            if log is not None:
+                metrics, logs = metrics
+                _log_pairs(log, logs, point * every, runs, setup.env)
             metrics = jax.device_get(metrics)
             new_rows = _chunk_rows(metrics, states.params, runs, total,
                                    update=(point + 1) * every, evaluate=setup.evaluate)  # fmt: skip

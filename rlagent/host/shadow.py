@@ -496,7 +496,8 @@ def load_checkpoint(spec: str) -> Checkpoint:
     step_text = spec.partition("#")[0].partition("@")[2]
     if step_text and not step_text.isdigit():
         raise ValueError(
-            f"{spec}: the checkpoint step {step_text!r} is no number (RUN_FOLDER@STEP)"
+            f"{spec}: the checkpoint step {step_text!r} is not a whole number >= 0 "
+            "(RUN_FOLDER@STEP)"
         )
     try:
         with quiet_closed_loops():  # a damaged checkpoint: no 'Event loop is closed' noise

@@ -21,6 +21,11 @@ train side by side in one program). One iteration:
 `env_turns` counts every environment turn the iteration played: all candidates, and
 in fork mode the whole played episode besides its continuations (its turns after f are
 spent too); a learned PRM's labelling turns are `label_turns`.
+
+`logged_updates(state, n)` runs the same iterations and also returns each one's `PairLog`
+(the candidates, their tasks, the pairs, the judge's scores): what an online pipeline
+appends to its preference data as it goes (`pairs.log_records` turns one into records
+of `rlagent.preference.data`).
 """
 
 from __future__ import annotations
@@ -65,11 +70,25 @@ class OnlineState(NamedTuple):
     step: jax.Array  # [] int32
 
 
+class PairLog(NamedTuple):
+    """One iteration's pairs as the judge ranked them (device arrays)."""
+
+    trajectory: Trajectory  # [G * K, S] the candidates.
+    env_keys: jax.Array  # [G * K, 2] uint32 reset keys (the tasks).
+    chosen: jax.Array  # [G] int32 rows of `trajectory` (the judge's preferred side).
+    rejected: jax.Array  # [G] int32 rows.
+    weight: jax.Array  # [G] float32: 0 for a group whose candidates tie (no pair).
+    scores: jax.Array  # [G * K] float32 the judge's scores.
+    prefix_turns: jax.Array  # [G] int32 turns both sides share (the fork turn; 0: none).
+
+
 class OnlineDPO(NamedTuple):
     init: Callable[..., OnlineState]  # init(key, judge_weights, accuracy=1.0, params=None)
     update: Callable[[OnlineState], tuple[OnlineState, Metrics]]
     updates: Callable[[OnlineState, int], tuple[OnlineState, Metrics]]
     graphdef: Any
+    # logged_updates(state, n) -> (state, (metrics [n], PairLog [n])).
+    logged_updates: Callable[[OnlineState, int], tuple[OnlineState, tuple[Metrics, PairLog]]]
 
 
 class _Candidates(NamedTuple):
@@ -78,6 +97,7 @@ class _Candidates(NamedTuple):
     played: Trajectory  # the on-policy episodes of this iteration (success metrics).
     turns: jax.Array  # [] float32 environment turns played.
     prefix_turns: jax.Array  # [G * K] int32 played turns before the fork (0: no fork).
+    env_keys: jax.Array  # [G * K, 2] uint32 reset keys of the candidates' tasks.
 
 
 def make_online_dpo(
@@ -111,7 +131,7 @@ def make_online_dpo(
             judge_state=judge.init(judge_key, params), key=key, step=jnp.zeros((), jnp.int32),
         )  # fmt: skip
 
-    def update(state: OnlineState) -> tuple[OnlineState, Metrics]:
+    def logged(state: OnlineState) -> tuple[OnlineState, tuple[Metrics, PairLog]]:
         key, sample_key, judge_key, pair_key = jax.random.split(state.key, 4)
         found = sample(state.params, sample_key)
         inputs = PRMInputs(state.params, state.ref_params, found.trajectory, found.carries)
@@ -145,12 +165,22 @@ def make_online_dpo(
             metrics[name] = jnp.max(stats[name])
         new = state._replace(params=params, opt_state=opt_state, judge_state=judge_state,
                              key=key, step=state.step + 1)  # fmt: skip
+        first = rows * size
+        log = PairLog(found.trajectory, found.env_keys, first + chosen, first + rejected,
+                      weight, scores, found.prefix_turns[first])  # fmt: skip
+        return new, (metrics, log)
+
+    def update(state: OnlineState) -> tuple[OnlineState, Metrics]:
+        new, (metrics, _) = logged(state)
         return new, metrics
 
     def updates(state: OnlineState, length: int):
         return jax.lax.scan(lambda s, _: update(s), state, None, length=length)
 
-    return OnlineDPO(init, update, updates, graphdef)
+    def logged_updates(state: OnlineState, length: int):
+        return jax.lax.scan(lambda s, _: logged(s), state, None, length=length)
+
+    return OnlineDPO(init, update, updates, graphdef, logged_updates)
 
 
 def _pair_batch(trajectory, chosen, rejected, weight, config: DPOConfig) -> pairing.PairBatch:
@@ -174,7 +204,8 @@ def _sampler(config: DPOConfig, env, graphdef, rollout_config, needs_carries: bo
             traj, carries = out if needs_carries else (out, None)
             traj = jax.lax.stop_gradient(traj)
             turns = jnp.sum(traj.turn_mask).astype(jnp.float32)
-            return _Candidates(traj, carries, traj, turns, jnp.zeros((groups * size,), jnp.int32))
+            prefix = jnp.zeros((groups * size,), jnp.int32)
+            return _Candidates(traj, carries, traj, turns, prefix, _key_data(env_keys))
 
         return sample
     rollout = make_rollout(env, graphdef, rollout_config, with_carries=True)
@@ -183,9 +214,8 @@ def _sampler(config: DPOConfig, env, graphdef, rollout_config, needs_carries: bo
 
     def sample(params, key):
         env_key, policy_key, fork_key, branch_key = jax.random.split(key, 4)
-        traj, carries = rollout(
-            params, jax.random.split(env_key, groups), jax.random.split(policy_key, groups)
-        )
+        env_keys = jax.random.split(env_key, groups)
+        traj, carries = rollout(params, env_keys, jax.random.split(policy_key, groups))
         played = jnp.sum(traj.turn_mask, axis=1)
         start = jax.random.randint(fork_key, (groups,), 0, jnp.maximum(played, 1))
         start = jnp.repeat(start, size)
@@ -194,6 +224,14 @@ def _sampler(config: DPOConfig, env, graphdef, rollout_config, needs_carries: bo
         spliced = jax.lax.stop_gradient(branch(params, traj, carries, rows, start, keys))
         own = jnp.arange(num_turns)[None] >= start[:, None]  # the forks' own turns
         turns = jnp.sum(traj.turn_mask) + jnp.sum(spliced.turn_mask & own)
-        return _Candidates(spliced, None, traj, turns.astype(jnp.float32), start)
+        task_keys = _key_data(jnp.repeat(env_keys, size, axis=0))
+        return _Candidates(spliced, None, traj, turns.astype(jnp.float32), start, task_keys)
 
     return sample
+
+
+def _key_data(keys: jax.Array) -> jax.Array:
+    """`[N, 2]` uint32 of reset keys, typed or raw."""
+    if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(keys)
+    return keys

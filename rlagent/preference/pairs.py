@@ -200,6 +200,29 @@ def trajectory_records(
     return out
 
 
+def log_records(log: Any, *, env: Environment, meta: dict[str, Any]) -> list[PreferenceRecord]:
+    """Records of one online iteration's pairs (`online.PairLog`, one iteration's arrays;
+    `meta` as `trajectory_records`'). A noisy judge states the preference it flipped, so a
+    flipped pair (the chosen side scored below the rejected) is recorded as the judge
+    stated it: its scores swapped and `(flipped)` after the judge's name, the true scores
+    recoverable by swapping back."""
+    log = jax.device_get(log)
+    scores = np.asarray(log.scores, np.float64)
+    chosen, rejected = np.asarray(log.chosen), np.asarray(log.rejected)
+    weight = np.asarray(log.weight, np.float64)
+    flipped = scores[chosen] < scores[rejected]
+    stated = scores.copy()
+    c, r = chosen[flipped], rejected[flipped]
+    stated[c], stated[r] = scores[r], scores[c]
+    out = []
+    for part, suffix in ((~flipped, ""), (flipped, " (flipped)")):
+        pairs = (chosen, rejected, weight * part)
+        named = {**meta, "judge": meta["judge"] + suffix}
+        out += trajectory_records(log.trajectory, np.asarray(log.env_keys), pairs, stated,
+                                  env=env, meta=named, prefix_turns=log.prefix_turns)  # fmt: skip
+    return sorted(out, key=lambda record: int(record.id.rsplit("/", 1)[1]))
+
+
 def dims_of(env: Environment) -> dict[str, int]:
     """The `dims` field of `env`'s records."""
     spec = env.token_spec

@@ -152,6 +152,8 @@ def test_the_committed_toolworld_studies_are_read_as_references(tmp_path):
     summary = study.write_report(str(tmp_path), {}, config, references)
     text = (tmp_path / "summary.md").read_text()
     assert text.count("| toolworld_studies |") == len(study.FINDINGS)
+    for row in rows:  # every finding's claim heads its first row
+        assert f"\n| {row['claim']} |" in text
     assert summary["parts"]["toolworld_30_seeds"] == {
         "rewards": "docs/results/sparse_vs_dense_full_summary.json"
     }

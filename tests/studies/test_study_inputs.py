@@ -149,6 +149,28 @@ def refused(tmp_path, study: str, message: str, config_name: str | None = None, 
         ("strategies", {"grpo_estimator": "bogus"}, r"config.grpo_estimator: Unknown estimator"),
         ("strategies", {"prm_kind": "bogus"}, r"config.prm_kind: Unknown PRMConfig.kind 'bogus'"),
         ("strategies", {"behaviour": "bogus"}, r"config.behaviour: Unknown policy 'bogus'"),
+        # The same entry spelt two ways would train and count the same runs twice.
+        (
+            "credit_accuracy",
+            {"estimators": "gae_token@0.9,gae_token@0.90"},
+            r"config.estimators: 'gae_token@0.9' and 'gae_token@0.90' name the same estimator",
+        ),
+        (
+            "credit_accuracy",
+            {"policies": "ppo_0,ppo_00"},
+            r"config.policies: 'ppo_0' and 'ppo_00' name the same policy",
+        ),
+        ("curriculum", {"stages": "h3,h03"}, r"config.stages: 'h3' and 'h03' name the same stage"),
+        (
+            "curriculum",
+            {"schedules": "success/frontier_share=0.5,success/frontier_share=0.50"},
+            r"config.schedules: 'success/frontier_share=0.5' and .* name the same schedule",
+        ),
+        (
+            "rs_sft",
+            {"thresholds": "outcome@1,outcome@1.0"},
+            r"config.thresholds names judge@threshold \['outcome@1'\] more than once",
+        ),
     ],
 )
 def test_counts_and_sections_are_refused_before_the_workdir(tmp_path, study, fields, message):
@@ -218,7 +240,7 @@ def test_damaged_checkpoint_folders_are_refused_naming_them(tmp_path, tiny_polic
     shadow.save_checkpoint(
         str(folder), nnx.state(Policy(policy_config, rngs=nnx.Rngs(0))), config, step=1
     )
-    with pytest.raises(ValueError, match=r"@abc: the checkpoint step 'abc' is no number"):
+    with pytest.raises(ValueError, match=r"@abc: the checkpoint step 'abc' is not a whole number"):
         shadow.load_checkpoint(f"{folder}@abc")
     for path in (folder / "checkpoints" / "1").rglob("*"):
         if path.is_file():
@@ -256,6 +278,11 @@ def test_baseline_scripts_refuse_counts_and_levels_that_measure_nothing():
          "error: --config: [Errno 2] No such file or directory: 'experiments/configs/nope.py'"),
         (["experiments.dialogue_baselines", "--episodes=0"],
          "error: --episodes must be >= 1, got 0."),
+        # absl's own flag errors, as one line (launch.parse_flags).
+        (["experiments.sparse_vs_dense", "--config.seeds=2.5"],
+         "error: flag --config.seeds=2.5: invalid literal for int() with base 10: '2.5'"),
+        (["experiments.pipeline", "--no_such_flag=1"],
+         "error: Unknown command line flag 'no_such_flag'"),
     ],
 )  # fmt: skip
 def test_launchers_exit_with_one_line_errors(tmp_path, args, message):

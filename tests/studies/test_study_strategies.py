@@ -29,6 +29,7 @@ from experiments.configs import strategies as strategies_config
 from experiments.studies import strategies as study
 from rlagent.host import loop
 from rlagent.host.writers import MetricWriter
+from rlagent.preference import data as pref_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = {
@@ -37,6 +38,7 @@ TINY = {
     "online.num_updates": 4, "online.num_groups": 2, "online.group_size": 2,
     "online.num_epochs": 1, "judges": "outcome", "fork_judges": "outcome",
     "data_sizes": "2,4", "offline.num_updates": 4, "offline.pairs_per_step": 2,
+    "log_pairs": True,
 }  # fmt: skip
 # The folders a straight run checkpoints in, and their last step.
 GROUPS = {"online_dpo_prm": 4, "offline_dpo": 4}
@@ -96,6 +98,9 @@ def _assert_same_results(workdir, straight):
         assert summary.pop("wall_s")  # timings aside; json text: NaN equals NaN
     assert json.dumps(summaries[0], sort_keys=True) == json.dumps(summaries[1], sort_keys=True)
     assert (workdir / DATA).read_bytes() == (straight / DATA).read_bytes()
+    # The online group's judged pairs: logged once each, in order, as the straight run's.
+    online = os.path.join("online_dpo_prm", study.PAIRS_FILE)
+    assert (workdir / online).read_bytes() == (straight / online).read_bytes()
     for folder, step in GROUPS.items():
         states = []
         for root in (workdir, straight):
@@ -103,6 +108,20 @@ def _assert_same_results(workdir, straight):
                 assert manager.latest_step() == step
                 states.append(manager.restore(step, args=ocp.args.StandardRestore()))
         jax.tree.map(np.testing.assert_array_equal, *states)
+
+
+def test_online_pairs_are_logged_per_update_with_their_policy_and_judge(straight):
+    records = pref_data.load_records(str(straight / "online_dpo_prm" / study.PAIRS_FILE))
+    assert records  # the PRM judge's scores rarely tie
+    updates = [int(r.id.split("/")[-2]) for r in records]
+    assert updates == sorted(updates) and set(updates) <= set(range(4))
+    for record, update in zip(records, updates, strict=True):
+        assert record.policy == {"name": "online_dpo/prm=implicit/seed0",
+                                 "version": f"update {update}"}  # fmt: skip
+        assert record.judge["name"] == "online_dpo/prm"
+        assert record.id.startswith(f"online_dpo/prm=implicit/0/{update}/")
+    rows = MetricWriter(str(straight / "online_dpo_prm")).read()
+    assert len(records) == pytest.approx(sum(r["train_pairs"] for r in rows) * 2)
 
 
 @pytest.mark.slow
