@@ -243,10 +243,11 @@ def test_bad_config_values_are_refused_naming_the_field(toolworld_model, tmp_pat
     assert not (tmp_path / "w").exists()
 
 
-def test_missing_model_dir_and_unknown_env_exit_with_one_line(tmp_path):
+def test_missing_model_dir_unknown_env_and_bad_flags_exit_with_one_line(tmp_path):
     for flag, message in (
         ("--model_dir=" + str(tmp_path / "absent"), "is not a folder"),
         ("--env=atari", "--env must be one of"),
+        ("--config.train.num_groups=2.5", "flag --config.train.num_groups=2.5: invalid literal"),
     ):
         command = [sys.executable, "-m", "experiments.hf_agent", f"--workdir={tmp_path / 'w'}",
                    f"--model_dir={tmp_path}", flag]  # fmt: skip
