@@ -4,9 +4,10 @@ Usage:
   python -m experiments.strategies --workdir=runs/strategies
   python -m experiments.strategies --config.seeds=20 --config.online.num_updates=300
 
-The defaults (3 seeds) took 1,024 s on the 2-core CPU at 7f6b8e0 (docs/results/strategies:
-PPO and GRPO 233 s, online DPO 542 s, offline 175 s), over the 15 minutes aimed at; every
-strategy gets a similar budget of environment turns (`docs/preference.md` lists them).
+The defaults (3 seeds) took 226 s on the quiet 2-core AMD EPYC machine at 1d7a7ff, the
+compilation cache off (docs/results/strategies_amd), and 1,024 s on a shared Intel Xeon
+one at 7f6b8e0 (docs/results/strategies); every strategy gets a similar budget of
+environment turns (`docs/preference.md` lists them).
 A killed run continues with `--resume` (the config must not change).
 """
 
