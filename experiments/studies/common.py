@@ -381,10 +381,17 @@ def names(text: str, field: str = "conditions", what: str = "reward form") -> li
     parsed = [name.strip() for name in str(text).split(",") if name.strip()]
     if not parsed:
         raise ValueError(f"config.{field} names no {what}.")
-    repeated = sorted({name for name in parsed if parsed.count(name) > 1})
-    if repeated:  # a repeat would train and count the same runs twice
-        raise ValueError(f"config.{field} names {what} {repeated} more than once.")
+    refuse_repeats(parsed, field, what)
     return parsed
+
+
+def refuse_repeats(values: Sequence[Any], field: str, what: str) -> None:
+    """Refuses a value that `config.<field>` gives more than once (values compared as
+    parsed: '3,03' or '1,1.0' are repeats too); a repeat would train and count the same
+    runs twice."""
+    repeated = sorted({value for value in values if values.count(value) > 1})
+    if repeated:
+        raise ValueError(f"config.{field} names {what} {repeated} more than once.")
 
 
 def distinct(entries: Sequence[tuple[str, Any]], field: str, what: str) -> None:
@@ -422,9 +429,7 @@ def _numbers(text: str, field: str, what: str, cast: type, kind: str) -> list:
             out.append(cast(name))
         except ValueError:
             raise ValueError(f"config.{field}: {name!r} is not {kind} {what}.") from None
-    repeated = sorted({value for value in out if out.count(value) > 1})
-    if repeated:  # '3,03' or '1,1.0': the same value spelt twice would run twice
-        raise ValueError(f"config.{field} names {what} {repeated} more than once.")
+    refuse_repeats(out, field, what)
     return out
 
 

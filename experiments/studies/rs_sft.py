@@ -188,9 +188,8 @@ def conditions(config: ml_collections.ConfigDict) -> list[tuple[str, int, str, f
             raise ValueError(
                 f"config.thresholds: {spec!r} must be judge@threshold ({error})."
             ) from None
-    repeated = sorted({f"{j}@{t:g}" for j, t in bars if bars.count((j, t)) > 1})
-    if repeated:  # 'outcome@1,outcome@1.0' would train the same condition twice
-        raise ValueError(f"config.thresholds names judge@threshold {repeated} more than once.")
+    # 'outcome@1,outcome@1.0': the same condition spelt twice.
+    common.refuse_repeats([f"{j}@{t:g}" for j, t in bars], "thresholds", "judge@threshold")
     for n in common.ints(config.samples, "samples", "sample count"):
         if n < 1:
             raise ValueError(f"config.samples: {n} samples per task; need >= 1.")
