@@ -342,7 +342,7 @@ def _live_chunks_ab(setup, state) -> dict:
             times[name].append(time.perf_counter() - start)
     ratios = [a / b for a, b in zip(times["every_row"], times["live_rows"], strict=True)]
     return dict(
-        live_chunks=setup.rollout_config.live_chunks,
+        live_chunks=_LIVE_CHUNKS.value,
         every_row_ms=1e3 * statistics.median(times["every_row"]),
         live_rows_ms=1e3 * statistics.median(times["live_rows"]),
         speedup_median_of_pairs=statistics.median(ratios),

@@ -29,6 +29,7 @@ from rlagent.models import PolicyConfig  # noqa: E402
 from rlagent.text import train as text_train  # noqa: E402
 from rlagent.text.toolworld import _SYSTEM  # noqa: E402
 from rlagent.text.toolworld import make_toolworld_text  # noqa: E402
+from rlagent.train.evaluation import EvalConfig  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Qwen2.5-shaped (q/k/v biases, tied embeddings), 512 embedding rows for the tokenizer's
@@ -50,7 +51,8 @@ def _model_folder(folder, tools, texts, vocab_size=500, config=QWEN):
 @pytest.fixture(scope="module")
 def toolworld_model(tmp_path_factory):
     env = make_toolworld_text(level=1)
-    return _model_folder(tmp_path_factory.mktemp("qwen_toolworld"), env.tools, [_SYSTEM])
+    texts = [_SYSTEM, "Yes No " * 8]  # the LM judge's answers: one token each.
+    return _model_folder(tmp_path_factory.mktemp("qwen_toolworld"), env.tools, texts)
 
 
 def _config(algorithm="grpo", **train):
@@ -62,6 +64,7 @@ def _config(algorithm="grpo", **train):
         {**dict(num_updates=2, num_groups=1, group_size=2, learning_rate=1e-2), **train}
     )
     config.sampling.update(max_new_tokens=6, obs_len=1280, max_prompt_len=1408)
+    config.eval.update(every=0)  # evaluation has its own tests.
     return config
 
 
@@ -106,7 +109,7 @@ def test_the_launcher_trains_grpo_on_toolworld_text(toolworld_model, tmp_path):
         "--config.env.toolworld_text.max_turns=2", "--config.train.num_updates=2",
         "--config.train.num_groups=1", "--config.train.group_size=2",
         "--config.sampling.max_new_tokens=6", "--config.sampling.obs_len=1280",
-        "--config.sampling.max_prompt_len=1408",
+        "--config.sampling.max_prompt_len=1408", "--config.eval.episodes=2",
     ]  # fmt: skip
     command = [sys.executable, "-m", "experiments.hf_agent", f"--model_dir={toolworld_model}",
                "--env=toolworld_text", f"--workdir={workdir}", *overrides]  # fmt: skip
@@ -117,6 +120,10 @@ def test_the_launcher_trains_grpo_on_toolworld_text(toolworld_model, tmp_path):
     # The random model writes no call: every turn is malformed, the group's episodes score
     # alike, GRPO's advantages are 0 (up to rounding) and the parameters stay as loaded.
     assert all(float(row["malformed_rate"]) == 1.0 for row in rows)
+    # The defaults evaluate on held-out tasks after the last update (every 25 otherwise).
+    assert np.isnan(float(rows[0]["eval_sampled_success"]))
+    assert float(rows[1]["eval_greedy_malformed_rate"]) == 1.0
+    assert "eval success" in done.stdout
     for before, after in zip(
         _leaves(_params(workdir, 0)), _leaves(_params(workdir, 2)), strict=True
     ):
@@ -151,6 +158,28 @@ def test_ppo_changes_the_parameters_and_resumes_exactly(toolworld_model, tmp_pat
         _run(_config("ppo", learning_rate=1e-3), part, toolworld_model, resume=True)
 
 
+def test_online_dpo_with_the_lm_judge_trains_and_resumes_exactly(toolworld_model, tmp_path):
+    """RLAIF in text mode: the checkpoint judges its own transcripts (log-odds of Yes)."""
+    full = tmp_path / "full"
+    rows = _run(_config("online_dpo"), full, toolworld_model)
+    _assert_run_folder(full, "online_dpo")
+    record = json.loads((full / "provenance.json").read_text())
+    assert record["config"]["preference"]["judge"] == "lm"
+    np.testing.assert_allclose(rows[0]["dpo_loss"], np.log(2.0), atol=1e-5)  # policy = ref.
+    assert rows[0]["pairs"] == 1.0 and rows[0]["judge_spread"] > 0  # one task, two episodes.
+    assert float(rows[1]["kl_ref"]) != 0.0  # the second batch came from a moved policy.
+    changed = [
+        not np.array_equal(a, b)
+        for a, b in zip(_leaves(_params(full, 0)), _leaves(_params(full, 1)), strict=True)
+    ]
+    assert any(changed)
+    part = tmp_path / "part"
+    _run(_config("online_dpo", num_updates=1), part, toolworld_model)
+    _run(_config("online_dpo"), part, toolworld_model, resume=True)
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]  # noqa: E731
+    assert strip(_rows(part)) == strip(_rows(full))
+
+
 def test_the_loss_mask_covers_only_the_assistant_tokens(toolworld_model, tmp_path):
     config = _config()
     train_config, text_config, tasks = hf_agent.build(config, "toolworld_text")
@@ -162,6 +191,43 @@ def test_the_loss_mask_covers_only_the_assistant_tokens(toolworld_model, tmp_pat
     # The run's first update plays this very batch.
     rows = _run(config, tmp_path / "w", toolworld_model)
     assert rows[0]["tokens_generated"] == float(np.sum(np.asarray(trajectory.loss_mask)))
+
+
+def test_heldout_evaluation_plays_fixed_heldout_tasks_sampled_and_greedy(toolworld_model, tmp_path):
+    config = _config()
+    config.eval.update(every=1, episodes=2, tasks="heldout")
+    train_config, text_config, tasks = hf_agent.build(config, "toolworld_text")
+    evaluation = EvalConfig(every=1, episodes=2, tasks="heldout")
+    eval_tasks = text_train.eval_task_list(tasks, evaluation)
+    assert [make_env.args[0].task_split for make_env, _ in eval_tasks] == ["heldout"] * 2
+    assert eval_tasks[0][1] != eval_tasks[1][1]  # two worlds ...
+    again = text_train.eval_task_list(tasks, evaluation)
+    assert [seed for _, seed in again] == [seed for _, seed in eval_tasks]  # ... always those.
+    model = text_train.check_model(str(toolworld_model), tasks.tools)
+    run, params = text_train.make_text_run(train_config, text_config, tasks, model)
+    first, second = (text_train.evaluate_text(run, params, eval_tasks) for _ in range(2))
+    first.pop("eval_s"), second.pop("eval_s")
+    assert first == second and first["eval_sampled_entropy"] > 0
+    # The held-out worlds are drawn from the held-out cells only.
+    episode = run.loop.start(eval_tasks[0][0](), eval_tasks[0][1])
+    assert episode.env.config.task_split == "heldout"
+    rows = _run(config, tmp_path / "w", toolworld_model)
+    for row in rows:  # evaluated after every update, both modes.
+        assert all(np.isfinite(row[f"eval_{m}_success"]) for m in ("sampled", "greedy"))
+        assert row["eval_sampled_malformed_rate"] == 1.0  # a random model writes no call.
+
+
+def test_heldout_bfcl_tasks_share_the_training_tools():
+    pytest.importorskip("bfcl_eval")
+    from rlagent.text import bfcl
+
+    tasks = text_train.bfcl_tasks(task="multi_turn_base_0", max_turns=4)
+    heldout = tasks.heldout()
+    assert heldout.tools == tasks.tools and heldout.config["split"] == "heldout"
+    assert set(heldout.config["tasks"]) <= set(bfcl.bfcl_task_ids("multi_turn_base", "heldout"))
+    assert not set(heldout.config["tasks"]) & set(tasks.config["tasks"])
+    with pytest.raises(ValueError, match="config.env.bfcl.split='train'"):
+        heldout.heldout()
 
 
 def test_grpo_on_one_bfcl_task(tmp_path_factory, tmp_path):
@@ -230,6 +296,15 @@ BAD_CONFIGS = {
     "dtype": (lambda c: c.model.update(dtype="int8"), "config.model.dtype"),
     "reward": (lambda c: c.train.update(reward="dialogue"), "config.train.reward"),
     "guardrail": (lambda c: c.env.toolworld_text.update(guardrail="mask"), "guardrail='mask'"),
+    "heldout": (lambda c: (c.env.toolworld_text.update(task_split="all"), c.eval.update(every=1)),
+                "config.env.toolworld_text.task_split='train'"),
+    "eval": (lambda c: c.eval.update(every=1, tasks="other"), "EvalConfig.tasks must be one of"),
+    "judge": (lambda c: (setattr(c, "algorithm", "online_dpo"), c.preference.update(judge="gpt")),
+              "Unknown judge 'gpt'"),
+    "accuracy": (lambda c: (setattr(c, "algorithm", "online_dpo"),
+                            c.preference.update(accuracy=2.0)), "config.preference.accuracy"),
+    "dpo": (lambda c: (setattr(c, "algorithm", "online_dpo"), c.preference.update(kind="kto")),
+            "DPOConfig.kind must be one of"),
 }  # fmt: skip
 
 

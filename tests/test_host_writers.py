@@ -35,3 +35,19 @@ def test_tensorboard_does_not_import_torch_and_leaves_it_importable(tmp_path):
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_appended_rows_go_under_the_files_header_by_name(tmp_path):
+    """A row whose keys come in another order is written under the header's columns (it
+    was written in its own order, shifting values under the wrong names); a row lacking a
+    column reads NaN there; a key the header lacks is refused naming the file."""
+    writer = MetricWriter(str(tmp_path), tensorboard=False)
+    writer.write([{"update": 1, "seed": 0, "a": 1.0, "b": 2.0}])
+    writer.write([{"b": 20.0, "a": 10.0, "seed": 0, "update": 2}])
+    writer.write([{"update": 3, "seed": 0, "a": 100.0}])
+    rows = writer.read()
+    assert [(r["a"], r["b"]) for r in rows[:2]] == [(1.0, 2.0), (10.0, 20.0)]
+    assert rows[2]["a"] == 100.0 and rows[2]["b"] != rows[2]["b"]  # NaN
+    with pytest.raises(ValueError, match=r"metrics.csv: columns \['c'\] are not in its header"):
+        writer.write([{"update": 4, "seed": 0, "a": 1.0, "b": 2.0, "c": 3.0}])
+    assert len(writer.read()) == 3

@@ -1,5 +1,6 @@
 """Policy LM, KV cache, sampler and HF conversion (tiny configs)."""
 
+import dataclasses
 import importlib.util
 
 import chex
@@ -94,6 +95,37 @@ def test_read_positions_equal_the_full_pass(model):
     read_cached, read_cache = lm(lm.embed(tokens), valid, cache, read=read)
     np.testing.assert_allclose(read_cached, cached[:, read], atol=1e-6)
     chex.assert_trees_all_close(read_cache, full_cache, atol=1e-6)
+
+
+def test_remat_gives_the_same_gradients_and_keeps_no_attention_maps(model):
+    """`PolicyConfig.remat`: the same loss and gradients (jit, with `read` positions too),
+    and the backward pass saves the blocks' inputs only, not every block's T x T maps."""
+    from jax._src.ad_checkpoint import saved_residuals
+
+    _, graphdef, params = model
+    remat_def, _ = nnx.split(Llama(dataclasses.replace(CONFIG, remat=True), rngs=nnx.Rngs(0)))
+    tokens = jax.random.randint(jax.random.key(7), (2, 64), 1, VOCAB)
+    valid = jnp.ones(tokens.shape, bool).at[1, :5].set(False)
+
+    def loss(graphdef, read):
+        def value(params):
+            lm = nnx.merge(graphdef, params)
+            hidden, _ = lm(lm.embed(tokens), valid, read=read)
+            return jnp.mean(jax.nn.log_softmax(lm.logits(hidden))[..., 1])
+
+        return value
+
+    for read in (None, np.array([3, 40, 63])):
+        plain = jax.jit(jax.value_and_grad(loss(graphdef, read)))(params)
+        remat = jax.jit(jax.value_and_grad(loss(remat_def, read)))(params)
+        chex.assert_trees_all_close(remat, plain, atol=1e-6)
+
+    def residual_bytes(graphdef):
+        saved = saved_residuals(loss(graphdef, None), params)
+        return sum(np.prod(aval.shape) * aval.dtype.itemsize for aval, _ in saved)
+
+    attention_maps = CONFIG.num_layers * CONFIG.num_heads * 2 * 64 * 64 * 4  # bytes
+    assert residual_bytes(graphdef) - residual_bytes(remat_def) > attention_maps
 
 
 def test_live_rows_equal_the_masked_pass(model):

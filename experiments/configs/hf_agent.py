@@ -8,11 +8,13 @@ Usage:
       --config.env.bfcl.category=multi_turn_base --config.env.bfcl.split=train
 
 Sections: `env` (one sub-section per --env: `toolworld_text`, ToolWorldConfig fields;
-`bfcl`, the task pool), `sampling` (rlagent.text.TextConfig fields: tokens per turn,
-prompt sizes, temperature), `train` (the update: rlagent.train.config.TrainConfig fields: updates,
+`bfcl`, the task pool), `eval` (held-out evaluation), `preference` (online DPO),
+`sampling` (rlagent.text.TextConfig fields: tokens per turn, prompt sizes,
+temperature), `train` (the update: rlagent.train.config.TrainConfig fields: updates,
 tasks per update = num_groups, group_size, learning rate, KL to the reference, ...; the
 fields left None take the algorithm's values, rlagent.text.train.ALGORITHMS) and `model`
-(parameter dtype; end-of-turn and padding tokens, '' = the tokenizer's eos / pad token).
+(parameter dtype, rematerialisation; end-of-turn and padding tokens, '' = the tokenizer's
+eos / pad token).
 """
 
 import ml_collections
@@ -20,23 +22,29 @@ from ml_collections import config_dict
 
 from experiments.studies.sections import section
 from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.text.judge import QUESTION
 from rlagent.text.loop import TextConfig
 from rlagent.train.config import TrainConfig
+from rlagent.train.evaluation import EvalConfig
 
 
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
-    config.algorithm = "grpo"  # grpo | ppo (rlagent.text.train.ALGORITHMS).
+    config.algorithm = "grpo"  # grpo | ppo | online_dpo (rlagent.text.train.ALGORITHMS).
     config.seed = 0  # every task draw and sampling key derives from (seed, update).
 
     config.model = ml_collections.ConfigDict()
     config.model.dtype = "float32"  # parameter and matmul dtype: float32 | bfloat16.
     config.model.end_token = ""  # end-of-turn token; '' = the tokenizer's eos_token.
     config.model.pad_token = ""  # padding token; '' = the tokenizer's pad_token.
+    # Recompute each decoder block in the backward pass: the update keeps one block's
+    # attention weights at a time instead of every block's (docs/text.md, memory).
+    config.model.remat = False
 
     config.env = ml_collections.ConfigDict()
     # ToolWorld in text mode (rlagent.text.toolworld): a task is a world seed.
-    config.env.toolworld_text = section(ToolWorldConfig, level=1)
+    # task_split='train': training never draws the held-out task cells (evaluation's).
+    config.env.toolworld_text = section(ToolWorldConfig, level=1, task_split="train")
     # BFCL multi-turn (rlagent.text.bfcl): the tasks of a category's split that share the
     # tools of `task` ('' = the split's first task).
     config.env.bfcl = ml_collections.ConfigDict(
@@ -47,6 +55,26 @@ def get_config() -> ml_collections.ConfigDict:
     config.sampling = section(
         TextConfig, max_new_tokens=128, obs_len=4096, max_prompt_len=6144, temperature=1.0
     )
+
+    # Held-out evaluation (rlagent.train.evaluation.EvalConfig): every `every` updates and
+    # after the last (0 = off), `episodes` fixed episodes on the tasks training never draws
+    # ('heldout') or on training tasks ('same'), sampled and greedy: the eval_* columns.
+    config.eval = section(EvalConfig, every=25, episodes=32, tasks="heldout")
+
+    # Online DPO / RLAIF (algorithm 'online_dpo', rlagent.text.preference): each update a
+    # judge ranks the group_size episodes of each task, DPO learns from best vs worst
+    # against the checkpoint as loaded. judge: 'lm' (the checkpoint reads each transcript
+    # and `question`; score log p(Yes) - log p(No), rlagent.text.judge) or a judge of
+    # rlagent.preference.judges (outcome, guardrail, any reward form); accuracy < 1 flips
+    # pairs (a noisy judge). The DPO loss fields are rlagent.preference.dpo.DPOConfig's;
+    # its learning rate, clipping and batch are config.train's.
+    config.preference = ml_collections.ConfigDict(
+        dict(
+            judge="lm", accuracy=1.0, question=QUESTION, kind="sigmoid", beta=0.1,
+            label_smoothing=0.0, level="trajectory", segment_turns=0, length_norm="none",
+            num_epochs=1,
+        )
+    )  # fmt: skip
 
     # The update (rlagent.train.config.TrainConfig); None: the algorithm's value.
     config.train = section(

@@ -22,7 +22,10 @@ from rlagent.rollout import RolloutConfig
 from rlagent.train.config import TrainConfig
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(kind: str = "") -> ml_collections.ConfigDict:
+    """The study on ToolWorld level 2; `kind` (`--config=<this file>:<kind>`, e.g.
+    `:dialogue`; experiments.studies.envs.KINDS): on that environment's defaults, the
+    model reading its vocabulary, everything else as here."""
     config = ml_collections.ConfigDict()
     config.seeds = 3  # seeds per condition, trained side by side under vmap.
     config.first_seed = 0
@@ -72,4 +75,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.data_sizes = "32,128,512"  # pairs: the data-size curve (one program).
     config.offline = section(DPOConfig, num_updates=200, pairs_per_step=32, beta=0.1,
                              learning_rate=1e-3, level="segment")  # fmt: skip
+    if kind:  # another environment, on its defaults; the model takes its vocabulary.
+        config.env = env_section(kind, **({"level": 2} if kind == "toolworld" else {}))
+        config.model.vocab_size = None
     return config

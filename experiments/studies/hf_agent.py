@@ -17,12 +17,17 @@ import ml_collections
 from experiments.studies.common import check_counts
 from experiments.studies.sections import make
 from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.preference.dpo import DPOConfig
+from rlagent.preference.judges import judge_weights
 from rlagent.text import train as text_train
 from rlagent.text.loop import TextConfig
 from rlagent.train.config import TrainConfig
+from rlagent.train.evaluation import EvalConfig
 
 ENVS = ("toolworld_text", "bfcl")
 BFCL_FIELDS = ("category", "split", "task", "max_turns", "max_steps")
+PREFERENCE_FIELDS = ("judge", "accuracy", "question", "kind", "beta", "label_smoothing", "level",
+                     "segment_turns", "length_norm", "num_epochs")  # fmt: skip
 
 
 def run(
@@ -31,15 +36,42 @@ def run(
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Trains the checkpoint of `model_dir` on `env` (one of ENVS); the metric rows."""
     train_config, text_config, tasks = build(config, env)
+    preference(config, train_config)  # refuses bad online DPO settings before the model.
+    evaluation = make(EvalConfig, config.eval.to_dict(), "eval")
+    text_train.eval_task_list(tasks, evaluation)  # a held-out set that cannot be, refused.
     model = config.model
     agent = text_train.check_model(
         model_dir, tasks.tools, dtype=model.dtype, end_token=model.end_token or None,
-        pad_token=model.pad_token or None,
+        pad_token=model.pad_token or None, remat=model.remat,
     )  # fmt: skip
     return text_train.run_text(
         train_config, text_config, tasks, agent, workdir=workdir, seed=config.seed,
         algorithm=config.algorithm, resume=resume, overwrite=overwrite, progress=progress,
+        evaluation=evaluation, preference=preference(config, train_config),
     )  # fmt: skip
+
+
+def preference(
+    config: ml_collections.ConfigDict, train: TrainConfig
+) -> text_train.Preference | None:
+    """The online DPO settings of algorithm 'online_dpo' (None otherwise); refuses an
+    unknown field or judge naming it."""
+    if config.algorithm != "online_dpo":
+        return None
+    values = config.preference.to_dict()
+    unknown = sorted(set(values) - set(PREFERENCE_FIELDS))
+    if unknown:
+        raise ValueError(f"Unknown preference config fields {unknown}; known: {PREFERENCE_FIELDS}.")
+    judge, accuracy, question = values.pop("judge"), values.pop("accuracy"), values.pop("question")
+    if judge != "lm":
+        judge_weights(train, judge)  # an unknown judge raises, naming the choices.
+    if not 0.0 <= accuracy <= 1.0:
+        raise ValueError(f"config.preference.accuracy must be in [0, 1], got {accuracy}")
+    dpo = DPOConfig(
+        **values, learning_rate=train.learning_rate, max_grad_norm=train.max_grad_norm,
+        num_groups=train.num_groups, group_size=train.group_size,
+    )  # fmt: skip
+    return text_train.Preference(dpo, judge, float(accuracy), question)
 
 
 def build(

@@ -61,8 +61,9 @@ class MetricWriter:
             return
         _make_folder(self.path)
         header = not os.path.exists(self.path) or os.path.getsize(self.path) == 0
+        fields = None if header else self._header()
         with open(self.path, "a", newline="") as f:
-            _write_csv(f, rows, header=header)
+            _write_csv(f, rows, header=header, fields=fields)
         if tensorboard and self._tb is not None:
             for row in rows:
                 tag = f"{row.get('condition', 'run')}/seed{int(row['seed'])}"
@@ -72,6 +73,10 @@ class MetricWriter:
                     if numeric and key not in ("update", "seed"):
                         self._tb.add_scalar(f"{tag}/{key}", value, int(row["update"]))
             self._tb.flush()
+
+    def _header(self) -> list[str]:
+        with open(self.path, newline="") as f:
+            return next(csv.reader(f))
 
     def close(self) -> None:
         if self._tb is not None:
@@ -102,10 +107,19 @@ def _summary_writer(folder: str):
     return SummaryWriter(folder)
 
 
-def _write_csv(f: TextIO, rows: list[Mapping[str, float]], *, header: bool) -> None:
+def _write_csv(
+    f: TextIO, rows: list[Mapping[str, float]], *, header: bool, fields: list[str] | None = None
+) -> None:
+    """Rows under `fields` (the file's header; default: the rows' keys in order), written by
+    name: key order does not matter, a column a row lacks stays empty (NaN when read) and a
+    key the header lacks is an error, never a shifted column."""
     if not rows:
         return
-    writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(key for row in rows for key in row)))
+    fields = list(dict.fromkeys(key for row in rows for key in row)) if fields is None else fields
+    extra = sorted({key for row in rows for key in row} - set(fields))
+    if extra:
+        raise ValueError(f"{getattr(f, 'name', 'metrics')}: columns {extra} are not in its header")
+    writer = csv.DictWriter(f, fieldnames=fields)
     if header:
         writer.writeheader()
     writer.writerows(rows)

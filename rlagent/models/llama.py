@@ -76,6 +76,10 @@ class PolicyConfig:
     copy_prior: float | None = None
     param_dtype: str = "float32"  # storage dtype of the parameters.
     dtype: str = "float32"  # compute dtype of matmuls (softmaxes and norms run in float32).
+    # Rematerialise each decoder block in the backward pass (`nnx.remat`): a gradient keeps
+    # only the blocks' inputs and recomputes one block's activations (its attention weights
+    # included) at a time, for one more forward pass of compute. Same numbers either way.
+    remat: bool = False
 
     def __post_init__(self):
         positive = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "mlp_dim",
@@ -491,9 +495,12 @@ class Llama(nnx.Module):
         for i, layer in enumerate(self.layers):
             layer_keys = None if cache is None else (cache_k, cache_v, i)
             layer_read = read if i == last else None
-            x, (k, v) = layer(
-                x, slots, layer_keys, key_slots, all_valid, write_index, read=layer_read
-            )
+            if self.config.remat and cache is None:
+                x, (k, v) = _remat_block(layer, x, slots, key_slots, all_valid, layer_read)
+            else:
+                x, (k, v) = layer(
+                    x, slots, layer_keys, key_slots, all_valid, write_index, read=layer_read
+                )
             if cache is not None:
                 cache_k, cache_v = k, v
         if read is not None and not self.layers:
@@ -502,3 +509,21 @@ class Llama(nnx.Module):
         if cache is None:
             return hidden, None
         return hidden, KVCache(k=cache_k, v=cache_v, valid=all_valid)
+
+
+def _remat_block(layer, x, slots, key_slots, key_valid, read):
+    """`layer` on a chunk without cache, its activations recomputed in the backward pass
+    (`PolicyConfig.remat`); the slots and read positions stay as they are (NumPy arrays
+    keep their RoPE tables constant)."""
+
+    if isinstance(slots, np.ndarray):
+
+        def block(layer, x, key_slots, key_valid):
+            return layer(x, slots, None, key_slots, key_valid, 0, read=read)
+
+        return nnx.remat(block)(layer, x, key_slots, key_valid)
+
+    def traced_block(layer, x, slots, key_slots, key_valid):
+        return layer(x, slots, None, key_slots, key_valid, 0, read=read)
+
+    return nnx.remat(traced_block)(layer, x, slots, key_slots, key_valid)

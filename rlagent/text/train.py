@@ -45,21 +45,32 @@ from rlagent.host import loop as host_loop
 from rlagent.host import provenance
 from rlagent.models import checkpoint
 from rlagent.models.hf import CheckpointError
+from rlagent.preference.dpo import DPOConfig
+from rlagent.preference.judges import judge_weights
+from rlagent.preference.judges import make_judge
 from rlagent.text import bfcl
 from rlagent.text.chat import ChatFormat
 from rlagent.text.chat import check_vocab
 from rlagent.text.chat import make_chat
+from rlagent.text.judge import QUESTION
+from rlagent.text.judge import answer_ids
+from rlagent.text.judge import make_lm_judge
+from rlagent.text.judge import question_tokens
 from rlagent.text.loop import TextConfig
 from rlagent.text.loop import make_text_loop
+from rlagent.text.preference import make_text_dpo
 from rlagent.text.score import make_text_score
 from rlagent.text.toolworld import ToolWorldText
 from rlagent.text.update import TextTrainState
 from rlagent.text.update import check_config
 from rlagent.text.update import make_text_update
 from rlagent.train.config import TrainConfig
+from rlagent.train.evaluation import EVAL_STREAM
+from rlagent.train.evaluation import EvalConfig
 from rlagent.train.ppo import NONFINITE_METRICS
 from rlagent.train.ppo import episode_metrics
 from rlagent.train.rewards import check_forms
+from rlagent.train.rewards import turn_rewards
 
 # The update of each algorithm: TrainConfig fields a config leaves unset (None) take these.
 # Text trajectories have no values (no critic pass yet), so PPO is PPO-clip over several
@@ -68,8 +79,13 @@ from rlagent.train.rewards import check_forms
 ALGORITHMS: dict[str, dict[str, Any]] = {
     "grpo": dict(estimator="grpo", num_epochs=1, num_minibatches=1),
     "ppo": dict(estimator="reinforce_pp", num_epochs=2, num_minibatches=2),
+    # Online DPO / RLAIF (`Preference`, rlagent.text.preference): the TrainConfig sizes the
+    # batch (num_groups tasks x group_size episodes) and prices the judges' reward forms.
+    "online_dpo": dict(estimator="grpo", num_epochs=1, num_minibatches=1),
 }
 DTYPES = ("float32", "bfloat16")
+# Episode metrics of each evaluation mode (NaN when the environment does not report one).
+EVAL_METRICS = ("success", "turns", "tokens", "malformed_rate")
 
 
 class TaskSet(NamedTuple):
@@ -80,6 +96,18 @@ class TaskSet(NamedTuple):
     tools: tuple[dict, ...] | None  # the tool schemas every task shares.
     # pick(rng) -> (make_env: () -> a fresh environment of one task, its reset seed).
     pick: Callable[[np.random.Generator], tuple[Callable[[], Any], int]]
+    # heldout() -> the TaskSet of tasks this one never draws (same tools); a ValueError
+    # naming the field when this set is not a training split.
+    heldout: Callable[[], TaskSet]
+
+
+class Preference(NamedTuple):
+    """Online DPO / RLAIF settings of `config.algorithm='online_dpo'`."""
+
+    config: DPOConfig  # its num_groups x group_size are the TrainConfig's.
+    judge: str = "lm"  # 'lm' (rlagent.text.judge) or a judge of rlagent.preference.judges.
+    accuracy: float = 1.0  # probability that the judge keeps a pair's true order.
+    question: str = QUESTION  # what the LM judge is asked after each transcript.
 
 
 class AgentModel(NamedTuple):
@@ -116,7 +144,15 @@ def toolworld_tasks(config: ToolWorldConfig) -> TaskSet:
     def pick(rng: np.random.Generator):
         return functools.partial(ToolWorldText, config), int(rng.integers(2**31 - 1))
 
-    return TaskSet("toolworld_text", dataclasses.asdict(config), tools, pick)
+    def heldout() -> TaskSet:
+        if config.task_split != "train":
+            raise ValueError(
+                "held-out tasks need a training set that never draws them: set "
+                f"config.env.toolworld_text.task_split='train' (got {config.task_split!r})"
+            )
+        return toolworld_tasks(dataclasses.replace(config, task_split="heldout"))
+
+    return TaskSet("toolworld_text", dataclasses.asdict(config), tools, pick, heldout)
 
 
 def bfcl_tasks(
@@ -132,19 +168,38 @@ def bfcl_tasks(
             f"config.env.bfcl.task={anchor!r} is not in the {split!r} split of {category!r}"
         )
     tools = bfcl.make_bfcl_text(anchor, **options).tools
+    return _bfcl_set(category, split, anchor, tools, options)
+
+
+def _bfcl_set(category: str, split: str, anchor: str, tools, options: dict) -> TaskSet:
+    """The tasks of `split` with the tools of `anchor` (a training task)."""
+    ids = bfcl.bfcl_task_ids(category, split)
     pool = tuple(i for i in ids if bfcl.make_bfcl_text(i, **options).tools == tools)
+    if not pool:
+        raise ValueError(
+            f"no task of the {split!r} split of {category!r} has the tools of {anchor!r} "
+            "(config.env.bfcl.task)"
+        )
 
     def pick(rng: np.random.Generator):
         task_id = pool[int(rng.integers(len(pool)))]
         return functools.partial(bfcl.make_bfcl_text, task_id, **options), 0
 
+    def heldout() -> TaskSet:
+        if split != "train":
+            raise ValueError(
+                "held-out tasks need a training set that never draws them: set "
+                f"config.env.bfcl.split='train' (got {split!r})"
+            )
+        return _bfcl_set(category, "heldout", anchor, tools, options)
+
     settings = dict(category=category, split=split, task=anchor, tasks=list(pool), **options)
-    return TaskSet("bfcl", settings, tools, pick)
+    return TaskSet("bfcl", settings, tools, pick, heldout)
 
 
 def check_model(
     model_dir: str, tools: tuple[dict, ...] | None, *, dtype: str = "float32",
-    end_token: str | None = None, pad_token: str | None = None,
+    end_token: str | None = None, pad_token: str | None = None, remat: bool = False,
 ) -> AgentModel:  # fmt: skip
     """Checks a local HF checkpoint folder (config.json, safetensors, tokenizer with a chat
     template) without reading a tensor; one-line `ValueError`s name the fault."""
@@ -156,7 +211,7 @@ def check_model(
         load_tokenizer(model_dir), tools=tools, end_token=end_token, pad_token=pad_token
     )
     found = checkpoint.read_checkpoint(
-        model_dir, pad_id=chat.pad_id, param_dtype=dtype, dtype=dtype
+        model_dir, pad_id=chat.pad_id, param_dtype=dtype, dtype=dtype, remat=bool(remat)
     )
     check_vocab(chat, found.config)
     with open(os.path.join(model_dir, "config.json"), "rb") as f:
@@ -181,8 +236,16 @@ def run_text(
     config: TrainConfig, text_config: TextConfig, tasks: TaskSet, model: AgentModel, *,
     workdir: str, seed: int = 0, algorithm: str = "", resume: bool = False,
     overwrite: bool = False, tensorboard: bool = True, progress: bool = True,
+    evaluation: EvalConfig = EvalConfig(), preference: Preference | None = None,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Trains `config.num_updates` updates (module docstring); returns every metric row.
+
+    With `evaluation.every` > 0, every `every` updates and after the last one the policy
+    plays `evaluation.episodes` fixed episodes (`make_text_eval`: the training tasks or
+    the held-out ones, sampled and greedy); their metrics are the row's `eval_*` columns
+    (NaN on the other rows). With `preference` (algorithm 'online_dpo') every update is
+    one online DPO iteration on the played batch (`rlagent.text.preference`); its rows
+    hold the DPO loss, the pairs and the judge's scores instead of the PPO loss stats.
 
     Rows: `condition` (the algorithm), `seed`, `update`, success, return (mean episode
     return), malformed_rate and the environment's metrics, tokens_generated,
@@ -191,8 +254,13 @@ def run_text(
     """
     make_env, _ = tasks.pick(np.random.default_rng(0))
     check_forms(make_env(), config, [config.reward], "config.train.reward")
+    eval_tasks = eval_task_list(tasks, evaluation)  # refuses before anything is written.
+    if preference is not None and preference.judge == "lm":  # the same for the LM judge.
+        answer_ids(model.chat, "Yes", "No")
+        question_tokens(model.chat, preference.question)
     resolved = provenance.resolved(
         train=config, sampling=text_config, env={"kind": tasks.name, **tasks.config},
+        evaluation=evaluation, preference=_preference_record(preference),
         model=dict(model_dir=model.model_dir, config_sha256=model.config_sha256,
                    policy=dataclasses.asdict(model.checkpoint.config)),
         seed=int(seed), algorithm=algorithm,
@@ -200,15 +268,20 @@ def run_text(
     resume, record = host_loop.open_run(
         workdir, resolved, lr_schedule=config.lr_schedule, resume=resume, overwrite=overwrite
     )
-    run, params = make_text_run(config, text_config, tasks, model, seed=seed)
+    run, params = make_text_run(config, text_config, tasks, model, seed=seed, preference=preference)
     runs = [(algorithm or config.estimator, int(seed))]
     with host_loop.run_files(
-        workdir, run.program.init(params), runs, resume=resume, tensorboard=tensorboard
+        workdir, run.init(params), runs, resume=resume, tensorboard=tensorboard
     ) as files:
         state, rows = files.state, list(files.rows)
         for update in range(files.done, config.num_updates):
             state, row = _one_update(run, state, update)
             row = {"condition": runs[0][0], "update": update + 1, "seed": int(seed), **row}
+            due = evaluation.every and (
+                (update + 1) % evaluation.every == 0 or update + 1 == config.num_updates
+            )
+            if evaluation.every:
+                row |= evaluate_text(run, state.params, eval_tasks) if due else _no_eval()
             files.writer.write([row])
             rows.append(row)
             flags = {name: np.asarray([[row[name]]]) for name in NONFINITE_METRICS}
@@ -224,29 +297,76 @@ class TextRun(NamedTuple):
     """The programs and settings of a text training run (`make_text_run`)."""
 
     loop: Any  # rlagent.text.loop.TextLoop
-    program: Any  # rlagent.text.update.TextUpdate
+    greedy: Any  # the same loop at temperature 0 (evaluation).
+    program: Any  # rlagent.text.update.TextUpdate, or rlagent.text.preference.TextDPO.
     reference: Any  # the frozen reference's parameters (the checkpoint as loaded).
     config: TrainConfig
     tasks: TaskSet
     seed: int
+    preference: Preference | None = None
+    ref_score: Any = None  # jitted (params, trajectory) -> [B, S, L] log pi (online DPO).
+
+    def init(self, params: nnx.State) -> Any:
+        """The trained state of the initial parameters."""
+        if self.preference is None:
+            return self.program.init(params)
+        return self.program.init(params, jax.random.key(self.seed))
 
 
 def make_text_run(
     config: TrainConfig, text_config: TextConfig, tasks: TaskSet, model: AgentModel, *,
-    seed: int = 0,
+    seed: int = 0, preference: Preference | None = None,
 ) -> tuple[TextRun, nnx.State]:  # fmt: skip
     """Loads the checked model: `(its TextRun, the initial policy parameters)`."""
     llama, policy_config = checkpoint.load_pretrained(
         model.model_dir, dtype=jnp.dtype(model.checkpoint.config.param_dtype),
-        pad_id=model.chat.pad_id,
+        pad_id=model.chat.pad_id, remat=model.checkpoint.config.remat,
     )  # fmt: skip
     graphdef, params = nnx.split(llama)
     score = make_text_score(model.chat, graphdef, policy_config, text_config)
+    if preference is not None:
+        return _dpo_run(config, text_config, tasks, model, seed, preference, graphdef, params)
     run = TextRun(
         loop=make_text_loop(model.chat, graphdef, policy_config, text_config),
+        greedy=make_text_loop(
+            model.chat, graphdef, policy_config, dataclasses.replace(text_config, temperature=0.0)
+        ),
         program=make_text_update(config, score),
         reference=jax.tree.map(jnp.copy, params),  # the update donates the state.
         config=config, tasks=tasks, seed=int(seed),
+    )  # fmt: skip
+    return run, params
+
+
+def _preference_record(preference: Preference | None) -> dict[str, Any] | None:
+    """provenance.json's `preference`: the judge and the DPOConfig fields text mode reads."""
+    if preference is None:
+        return None
+    unused = ("num_updates", "pairs_per_step", "pairs")  # offline / fork settings.
+    dpo = {k: v for k, v in dataclasses.asdict(preference.config).items() if k not in unused}
+    return {**preference._asdict(), "config": dpo}
+
+
+def _dpo_run(config, text_config, tasks, model, seed, preference, graphdef, params):
+    """`make_text_run` of online DPO: the judge, `make_text_dpo`, the reference scorer."""
+    llama_config = model.checkpoint.config
+    score = make_text_score(model.chat, graphdef, llama_config, text_config)
+    weights = None
+    if preference.judge == "lm":
+        judge = make_lm_judge(model.chat, graphdef, llama_config, question=preference.question)
+    else:
+        judge, weights = make_judge(config), judge_weights(config, preference.judge)
+    dpo = dataclasses.replace(
+        preference.config, num_groups=config.num_groups, group_size=config.group_size
+    )
+    run = TextRun(
+        loop=make_text_loop(model.chat, graphdef, llama_config, text_config),
+        greedy=make_text_loop(
+            model.chat, graphdef, llama_config, dataclasses.replace(text_config, temperature=0.0)
+        ),
+        program=make_text_dpo(dpo, score, judge, weights=weights, accuracy=preference.accuracy),
+        reference=jax.tree.map(jnp.copy, params), config=config, tasks=tasks, seed=int(seed),
+        preference=preference._replace(config=dpo), ref_score=score,
     )  # fmt: skip
     return run, params
 
@@ -271,11 +391,20 @@ def _one_update(run: TextRun, state: TextTrainState, update: int):
     episodes, trajectory = play_batch(run, state.params, update)
     played = {k: float(v) for k, v in episode_metrics(episodes[0].env, trajectory).items()}
     sampled = time.perf_counter()
-    ref_logp = run.program.reference(run.reference, trajectory)
+    if run.preference is None:
+        ref_logp = run.program.reference(run.reference, trajectory)
+    else:
+        ref_logp = run.ref_score(run.reference, trajectory)
     kl = losses.kl_penalty(trajectory.logp, ref_logp, kind=config.kl_kind)
     mask = trajectory.loss_mask
     kl_ref = float(jnp.sum(kl * mask) / jnp.maximum(jnp.sum(mask), 1))
-    state, stats = run.program.update(state, trajectory, ref_logp)
+    if run.preference is None:
+        state, stats = run.program.update(state, trajectory, ref_logp)
+    else:  # the judge's and the pairs' randomness, from (seed, update) as the sampling's.
+        key = jax.random.fold_in(jax.random.fold_in(jax.random.key(run.seed), update), 1)
+        state, stats = run.program.update(state, trajectory, key)
+        stats["reward"] = jnp.mean(jnp.sum(turn_rewards(trajectory, config), axis=1))
+        stats["tokens"] = jnp.sum(trajectory.loss_mask).astype(jnp.float32)
     stats = {k: float(v) for k, v in jax.device_get(stats).items()}
     done = time.perf_counter()
     return state, {
@@ -287,10 +416,57 @@ def _one_update(run: TextRun, state: TextTrainState, update: int):
     }  # fmt: skip
 
 
+def eval_task_list(tasks: TaskSet, evaluation: EvalConfig) -> list[tuple[Callable[[], Any], int]]:
+    """The `evaluation.episodes` (make_env, seed) pairs every evaluation plays: drawn from
+    the training tasks (`tasks='same'`) or the held-out ones (`'heldout'`, `tasks.heldout()`)
+    with `default_rng(EVAL_STREAM)`, the same for every seed and run; [] when off."""
+    if not evaluation.every:
+        return []
+    source = tasks.heldout() if evaluation.tasks == "heldout" else tasks
+    rng = np.random.default_rng(EVAL_STREAM)
+    return [source.pick(rng) for _ in range(evaluation.episodes)]
+
+
+def evaluate_text(run: TextRun, params: nnx.State, eval_tasks: list) -> dict[str, float]:
+    """Plays the evaluation episodes sampled (the loop's temperature) and greedy, on keys
+    from `key(EVAL_STREAM)` (the same at every evaluation): the `eval_*` columns."""
+    row, began = {}, time.perf_counter()
+    keys = jax.random.split(jax.random.key(EVAL_STREAM), len(eval_tasks))
+    for mode, loop in (("sampled", run.loop), ("greedy", run.greedy)):
+        episodes = [loop.start(make_env(), env_seed) for make_env, env_seed in eval_tasks]
+        loop.play(params, episodes, keys)
+        trajectory = loop.trajectory(episodes)
+        played = episode_metrics(episodes[0].env, trajectory)
+        for name in EVAL_METRICS:
+            row[f"eval_{mode}_{name}"] = float(played.get(name, float("nan")))
+        if mode == "sampled":  # mean -log pi of the sampled ids: the policy's entropy.
+            mask = trajectory.loss_mask
+            row["eval_sampled_entropy"] = float(
+                -jnp.sum(trajectory.logp * mask) / jnp.maximum(jnp.sum(mask), 1)
+            )
+    row["eval_s"] = time.perf_counter() - began
+    return row
+
+
+def _no_eval() -> dict[str, float]:
+    """The `eval_*` columns of a row without evaluation (NaN: not measured)."""
+    names = [f"eval_{mode}_{m}" for mode in ("sampled", "greedy") for m in EVAL_METRICS]
+    return dict.fromkeys([*names, "eval_sampled_entropy", "eval_s"], float("nan"))
+
+
 def _progress_line(row: dict[str, Any], total: int) -> str:
     return (
         f"update {row['update']}/{total}: success {row['success']:.3f}, return "
         f"{row['return']:.3f}, malformed {row['malformed_rate']:.3f}, kl_ref "
         f"{row['kl_ref']:.4f}, {row['tokens_generated']:.0f} tokens, sample "
         f"{row['sample_s']:.1f} s, update {row['update_s']:.1f} s"
+    ) + _eval_part(row)
+
+
+def _eval_part(row: dict[str, Any]) -> str:
+    if not np.isfinite(row.get("eval_s", float("nan"))):
+        return ""
+    return (
+        f"; eval success {row['eval_sampled_success']:.3f} sampled, "
+        f"{row['eval_greedy_success']:.3f} greedy ({row['eval_s']:.1f} s)"
     )
