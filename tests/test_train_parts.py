@@ -416,6 +416,16 @@ def _rows():
     return rows
 
 
+def test_a_metric_the_environment_does_not_report_is_left_out_of_the_summary():
+    """violation_rate NaN in every row (an environment without a rule layer, e.g. the
+    dialogue one, in a CSV whose header has the column): no entry, no error."""
+    rows = [{**row, "violation_rate": math.nan} for row in _rows()]
+    summary = report.summarize(rows, reps=50)
+    dense = summary["conditions"]["dense"]
+    assert "violation_rate" not in dense and "violation_rate_all" not in dense
+    assert dense["turns"]["value"] == 2.0  # the measured ones stay.
+
+
 def test_summary_numbers_and_files(tmp_path):
     summary = report.summarize(_rows(), reps=200)
     dense, sparse = summary["conditions"]["dense"], summary["conditions"]["sparse"]

@@ -138,7 +138,7 @@ def _seed_values(
         out[_turns_key(p)] = time
         out[f"reached_{int(p * 100)}"] = reached
     for key in _FINAL_METRICS:
-        if key in seed_rows[0]:
+        if _measured(seed_rows, key):
             out[key] = final_mean(seed_rows, key, final_fraction)
     for key in extra:
         out[key] = final_mean(seed_rows, key, final_fraction)
@@ -146,9 +146,16 @@ def _seed_values(
         evaluated = [float(r[key]) for r in seed_rows if np.isfinite(r.get(key, np.nan))]
         if evaluated:
             out[key] = evaluated[-1]
-    if "violation_rate" in seed_rows[0]:
+    if _measured(seed_rows, "violation_rate"):
         out["violation_rate_all"] = float(np.mean([r["violation_rate"] for r in seed_rows]))
     return out
+
+
+def _measured(seed_rows: Sequence[Mapping[str, Any]], key: str) -> bool:
+    """The rows hold `key` with a value: a column that is NaN in every row (a metric
+    the environment does not report, e.g. violations without a rule layer, in a file
+    shared with runs that do) is not measured, and the summary leaves it out."""
+    return any(isinstance(r.get(key), int | float) and math.isfinite(r[key]) for r in seed_rows)
 
 
 def _intervals(condition, per_seed, num_seeds, final_keys, reps) -> dict[str, Any]:

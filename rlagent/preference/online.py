@@ -140,16 +140,10 @@ def make_online_dpo(
         )
         grouped = scores.reshape(groups, size)
         chosen, rejected, weight = pairing.group_pairs(grouped, pair_key, state.accuracy)
-        batch = _pair_batch(found.trajectory, chosen, rejected, weight, config)
+        batch = pair_batch(found.trajectory, chosen, rejected, weight, config)
         ref = jax.lax.stop_gradient(pair_logps(score, state.ref_params, batch, config.length_norm))
-
-        def step(carry, _):
-            params, opt_state = carry
-            params, opt_state, stats = guarded_step(loss, params, opt_state, optimizer, batch, ref)
-            return (params, opt_state), stats
-
-        (params, opt_state), stats = jax.lax.scan(
-            step, (state.params, state.opt_state), None, length=config.num_epochs
+        params, opt_state, stats = dpo_steps(
+            loss, optimizer, (state.params, state.opt_state), (batch, ref), config.num_epochs
         )
         rows = jnp.arange(groups)
         kept = grouped[rows, chosen] > grouped[rows, rejected]
@@ -183,7 +177,21 @@ def make_online_dpo(
     return OnlineDPO(init, update, updates, graphdef, logged_updates)
 
 
-def _pair_batch(trajectory, chosen, rejected, weight, config: DPOConfig) -> pairing.PairBatch:
+def dpo_steps(loss, optimizer, carry, data, num_epochs: int):
+    """`num_epochs` guarded optimiser steps of `loss(params, *data)` from `carry = (params,
+    opt_state)`: `(params, opt_state, stats [num_epochs])`."""
+
+    def step(carry, _):
+        params, opt_state, stats = guarded_step(loss, *carry, optimizer, *data)
+        return (params, opt_state), stats
+
+    (params, opt_state), stats = jax.lax.scan(step, carry, None, length=num_epochs)
+    return params, opt_state, stats
+
+
+def pair_batch(trajectory, chosen, rejected, weight, config: DPOConfig) -> pairing.PairBatch:
+    """The `PairBatch` of a batch's chosen / rejected rows within their groups, scored at
+    `config.level`."""
     chosen_traj, rejected_traj = pairing.take_pairs(trajectory, chosen, rejected, config.group_size)
     chosen_scored, rejected_scored = pairing.scored_turns(
         chosen_traj, rejected_traj, level=config.level, segment_turns=config.segment_turns

@@ -37,8 +37,9 @@ from rlagent.preference.dpo import make_optimizer
 from rlagent.preference.dpo import pair_logps
 from rlagent.preference.dpo import preference_loss
 from rlagent.preference.judges import Judge
+from rlagent.preference.online import dpo_steps
+from rlagent.preference.online import pair_batch
 from rlagent.train.extras import PRMInputs
-from rlagent.train.ppo import guarded_step
 from rlagent.types import Trajectory
 
 Metrics = dict[str, jax.Array]
@@ -106,20 +107,10 @@ def make_text_dpo(
         )
         grouped = scores.reshape(config.num_groups, config.group_size)
         chosen, rejected, weight = pairing.group_pairs(grouped, pair_key, accuracy)
-        sides = pairing.take_pairs(trajectory, chosen, rejected, config.group_size)
-        scored = pairing.scored_turns(
-            *sides, level=config.level, segment_turns=config.segment_turns
-        )
-        batch = pairing.PairBatch(*sides, *scored, weight)
+        batch = pair_batch(trajectory, chosen, rejected, weight, config)
         ref = jax.lax.stop_gradient(pair_logps(scorer, state.ref_params, batch, config.length_norm))
-
-        def step(carry, _):
-            params, opt_state = carry
-            params, opt_state, stats = guarded_step(loss, params, opt_state, optimizer, batch, ref)
-            return (params, opt_state), stats
-
-        (params, opt_state), stats = jax.lax.scan(
-            step, (state.params, state.opt_state), None, length=config.num_epochs
+        params, opt_state, stats = dpo_steps(
+            loss, optimizer, (state.params, state.opt_state), (batch, ref), config.num_epochs
         )
         metrics = {name: value[0] for name, value in stats.items()}  # before the first step.
         metrics |= {f"last_{name}": value[-1] for name, value in stats.items()}
