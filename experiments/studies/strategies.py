@@ -56,6 +56,7 @@ from absl import logging
 from experiments.studies import common
 from experiments.studies.envs import env_config
 from experiments.studies.envs import kind_of
+from experiments.studies.envs import study_kind
 from experiments.studies.sections import make
 from rlagent.analysis import report
 from rlagent.analysis import stats
@@ -82,7 +83,7 @@ from rlagent.train.evaluation import make_evaluate
 from rlagent.train.extras import PRMInputs
 from rlagent.train.ppo import policy_graphdef
 
-TITLE = "ToolWorld level {level}: PPO, GRPO, offline and online DPO (held-out success)"
+TITLE = "{env}: PPO, GRPO, offline and online DPO (held-out success)"
 # Held-out metrics a row carries under the names report.summarize reads.
 EVAL_AS = {
     name: f"eval_sampled_{name}" for name in ("success", "violation_rate", "collapse_rate", "turns")
@@ -580,7 +581,8 @@ def _report(rows, config, workdir) -> dict[str, Any]:
     writer = MetricWriter(workdir, tensorboard=False)
     writer.clear()
     writer.write(rows)
-    title = TITLE.format(level=config.env.level)
+    kind = study_kind(config)
+    title = TITLE.format(env=f"ToolWorld level {config.env.level}" if kind == "toolworld" else kind)
     online = [r for r in rows if not r["condition"].startswith("offline_dpo")]
     offline = [r for r in rows if r["condition"].startswith("offline_dpo")]
     report.plot_curves(online + offline, os.path.join(workdir, "curves.png"), title=title, smooth=1)
