@@ -296,6 +296,7 @@ BAD_CONFIGS = {
     "dtype": (lambda c: c.model.update(dtype="int8"), "config.model.dtype"),
     "reward": (lambda c: c.train.update(reward="dialogue"), "config.train.reward"),
     "guardrail": (lambda c: c.env.toolworld_text.update(guardrail="mask"), "guardrail='mask'"),
+    "prompt": (lambda c: c.sampling.update(obs_len=64), "more than TextConfig.obs_len=64"),
     "heldout": (lambda c: (c.env.toolworld_text.update(task_split="all"), c.eval.update(every=1)),
                 "config.env.toolworld_text.task_split='train'"),
     "eval": (lambda c: c.eval.update(every=1, tasks="other"), "EvalConfig.tasks must be one of"),

@@ -57,6 +57,7 @@ from rlagent.text.judge import answer_ids
 from rlagent.text.judge import make_lm_judge
 from rlagent.text.judge import question_tokens
 from rlagent.text.loop import TextConfig
+from rlagent.text.loop import TextLoop
 from rlagent.text.loop import make_text_loop
 from rlagent.text.preference import make_text_dpo
 from rlagent.text.score import make_text_score
@@ -252,8 +253,11 @@ def run_text(
     sample_s / update_s / time_s, kl_ref (the sampled estimate of `config.kl_kind` between
     the behaviour policy and the reference, per generated token), the update's loss stats.
     """
-    make_env, _ = tasks.pick(np.random.default_rng(0))
+    make_env, env_seed = tasks.pick(np.random.default_rng(0))
     check_forms(make_env(), config, [config.reward], "config.train.reward")
+    # A first prompt the sizes cannot hold is refused here, before the workdir is written
+    # (`TextLoop.start` renders and checks it; no model is needed for that).
+    TextLoop(model.chat, text_config, sample=None).start(make_env(), env_seed)
     eval_tasks = eval_task_list(tasks, evaluation)  # refuses before anything is written.
     if preference is not None and preference.judge == "lm":  # the same for the LM judge.
         answer_ids(model.chat, "Yes", "No")
@@ -325,7 +329,10 @@ def make_text_run(
     graphdef, params = nnx.split(llama)
     score = make_text_score(model.chat, graphdef, policy_config, text_config)
     if preference is not None:
-        return _dpo_run(config, text_config, tasks, model, seed, preference, graphdef, params)
+        return _dpo_run(
+            config, text_config, tasks, model, seed=seed, preference=preference,
+            graphdef=graphdef, params=params,
+        )  # fmt: skip
     run = TextRun(
         loop=make_text_loop(model.chat, graphdef, policy_config, text_config),
         greedy=make_text_loop(
@@ -347,7 +354,7 @@ def _preference_record(preference: Preference | None) -> dict[str, Any] | None:
     return {**preference._asdict(), "config": dpo}
 
 
-def _dpo_run(config, text_config, tasks, model, seed, preference, graphdef, params):
+def _dpo_run(config, text_config, tasks, model, *, seed, preference, graphdef, params):
     """`make_text_run` of online DPO: the judge, `make_text_dpo`, the reference scorer."""
     llama_config = model.checkpoint.config
     score = make_text_score(model.chat, graphdef, llama_config, text_config)
