@@ -36,9 +36,8 @@ def run(
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Trains the checkpoint of `model_dir` on `env` (one of ENVS); the metric rows."""
     train_config, text_config, tasks = build(config, env)
-    preference(config, train_config)  # refuses bad online DPO settings before the model.
+    dpo = preference(config, train_config)  # refuses bad online DPO settings first.
     evaluation = make(EvalConfig, config.eval.to_dict(), "eval")
-    text_train.eval_task_list(tasks, evaluation)  # a held-out set that cannot be, refused.
     model = config.model
     agent = text_train.check_model(
         model_dir, tasks.tools, dtype=model.dtype, end_token=model.end_token or None,
@@ -47,7 +46,7 @@ def run(
     return text_train.run_text(
         train_config, text_config, tasks, agent, workdir=workdir, seed=config.seed,
         algorithm=config.algorithm, resume=resume, overwrite=overwrite, progress=progress,
-        evaluation=evaluation, preference=preference(config, train_config),
+        evaluation=evaluation, preference=dpo,
     )  # fmt: skip
 
 

@@ -516,14 +516,10 @@ def _remat_block(layer, x, slots, key_slots, key_valid, read):
     (`PolicyConfig.remat`); the slots and read positions stay as they are (NumPy arrays
     keep their RoPE tables constant)."""
 
-    if isinstance(slots, np.ndarray):
+    # Traced slots go in as an argument; NumPy ones stay constants of the block.
+    traced = () if isinstance(slots, np.ndarray) else (slots,)
 
-        def block(layer, x, key_slots, key_valid):
-            return layer(x, slots, None, key_slots, key_valid, 0, read=read)
+    def block(layer, x, key_slots, key_valid, *traced):
+        return layer(x, traced[0] if traced else slots, None, key_slots, key_valid, 0, read=read)
 
-        return nnx.remat(block)(layer, x, key_slots, key_valid)
-
-    def traced_block(layer, x, slots, key_slots, key_valid):
-        return layer(x, slots, None, key_slots, key_valid, 0, read=read)
-
-    return nnx.remat(traced_block)(layer, x, slots, key_slots, key_valid)
+    return nnx.remat(block)(layer, x, key_slots, key_valid, *traced)

@@ -35,6 +35,7 @@ from rlagent.preference.judges import Judge
 from rlagent.text.chat import ChatFormat
 from rlagent.text.chat import ChatTemplateError
 from rlagent.text.chat import check_vocab
+from rlagent.text.score import pack_transcripts
 from rlagent.train.extras import PRMInputs
 from rlagent.types import token_view
 
@@ -80,16 +81,12 @@ def judge_inputs(trajectory, suffix: jax.Array, end_id: int, pad_id: int):
     front (template tokens and generated ids, PAD dropped), an end-of-turn token where its
     last turn has none, the question's tokens, PAD after; `last` is the position whose
     next-token logits answer."""
-    view = token_view(trajectory)
-    keep = (view.tokens != pad_id) | view.loss_mask
-    order = jnp.argsort(~keep, axis=1, stable=True)
-    packed = jnp.take_along_axis(view.tokens, order, axis=1)
-    count = jnp.sum(keep, axis=1)  # [B] transcript tokens.
+    _, packed, packed_valid = pack_transcripts(token_view(trajectory), pad_id)
+    count = jnp.sum(packed_valid, axis=1)  # [B] transcript tokens.
     rows = jnp.arange(packed.shape[0])
     closed = packed[rows, jnp.maximum(count - 1, 0)] == end_id
     width = packed.shape[1] + 1 + suffix.shape[0]
     tokens = jnp.full((packed.shape[0], width), pad_id, jnp.int32)
-    packed_valid = jnp.take_along_axis(keep, order, axis=1)
     tokens = tokens.at[:, : packed.shape[1]].set(jnp.where(packed_valid, packed, pad_id))
     tokens = tokens.at[rows, count].set(jnp.where(closed, pad_id, end_id))
     start = count + (~closed).astype(jnp.int32)  # [B] first question token.

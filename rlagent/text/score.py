@@ -39,11 +39,7 @@ def make_text_score(
     def score(params: nnx.State, trajectory: Trajectory) -> jax.Array:
         lm = as_llama(nnx.merge(graphdef, params))
         view = token_view(trajectory)
-        keep = (view.tokens != chat.pad_id) | view.loss_mask  # [B, T]
-        # Stable: kept positions first, in their order.
-        order = jnp.argsort(~keep, axis=1, stable=True)
-        packed = jnp.take_along_axis(view.tokens, order, axis=1)
-        valid = jnp.take_along_axis(keep, order, axis=1)
+        order, packed, valid = pack_transcripts(view, chat.pad_id)
         hidden, _ = lm(lm.embed(packed), valid)
         log_pi = policy_log_probs(
             lm.logits(hidden[:, :-1]), temperature=config.temperature, mask=logits_mask
@@ -58,3 +54,16 @@ def make_text_score(
         return per_turn[..., per_turn.shape[-1] - turn_len :]
 
     return score
+
+
+def pack_transcripts(view, pad_id: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`(order, packed, valid)` `[B, T]` of a `token_view`: each row's transcript (template
+    tokens, `!= PAD`, and generated ids, `loss_mask`) moved to the front in its order
+    (`packed = tokens[order]`, stable), `valid` True on those positions."""
+    keep = (view.tokens != pad_id) | view.loss_mask
+    order = jnp.argsort(~keep, axis=1, stable=True)
+    return (
+        order,
+        jnp.take_along_axis(view.tokens, order, axis=1),
+        jnp.take_along_axis(keep, order, axis=1),
+    )

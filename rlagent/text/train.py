@@ -87,6 +87,7 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
 DTYPES = ("float32", "bfloat16")
 # Episode metrics of each evaluation mode (NaN when the environment does not report one).
 EVAL_METRICS = ("success", "turns", "tokens", "malformed_rate")
+EVAL_MODES = ("sampled", "greedy")  # the loop's temperature, then temperature 0.
 
 
 class TaskSet(NamedTuple):
@@ -242,7 +243,7 @@ def run_text(
     """Trains `config.num_updates` updates (module docstring); returns every metric row.
 
     With `evaluation.every` > 0, every `every` updates and after the last one the policy
-    plays `evaluation.episodes` fixed episodes (`make_text_eval`: the training tasks or
+    plays `evaluation.episodes` fixed episodes (`eval_task_list`: the training tasks or
     the held-out ones, sampled and greedy); their metrics are the row's `eval_*` columns
     (NaN on the other rows). With `preference` (algorithm 'online_dpo') every update is
     one online DPO iteration on the played batch (`rlagent.text.preference`); its rows
@@ -254,17 +255,18 @@ def run_text(
     the behaviour policy and the reference, per generated token), the update's loss stats.
     """
     make_env, env_seed = tasks.pick(np.random.default_rng(0))
-    check_forms(make_env(), config, [config.reward], "config.train.reward")
+    first = make_env()
+    check_forms(first, config, [config.reward], "config.train.reward")
     # A first prompt the sizes cannot hold is refused here, before the workdir is written
     # (`TextLoop.start` renders and checks it; no model is needed for that).
-    TextLoop(model.chat, text_config, sample=None).start(make_env(), env_seed)
+    TextLoop(model.chat, text_config, sample=None).start(first, env_seed)
     eval_tasks = eval_task_list(tasks, evaluation)  # refuses before anything is written.
     if preference is not None and preference.judge == "lm":  # the same for the LM judge.
         answer_ids(model.chat, "Yes", "No")
         question_tokens(model.chat, preference.question)
     resolved = provenance.resolved(
         train=config, sampling=text_config, env={"kind": tasks.name, **tasks.config},
-        evaluation=evaluation, preference=_preference_record(preference),
+        evaluation=evaluation, preference=_preference_record(preference, config),
         model=dict(model_dir=model.model_dir, config_sha256=model.config_sha256,
                    policy=dataclasses.asdict(model.checkpoint.config)),
         seed=int(seed), algorithm=algorithm,
@@ -328,54 +330,53 @@ def make_text_run(
     )  # fmt: skip
     graphdef, params = nnx.split(llama)
     score = make_text_score(model.chat, graphdef, policy_config, text_config)
-    if preference is not None:
-        return _dpo_run(
-            config, text_config, tasks, model, seed=seed, preference=preference,
-            graphdef=graphdef, params=params,
-        )  # fmt: skip
+    if preference is None:
+        program = make_text_update(config, score)
+    else:
+        preference = _sized(preference, config)
+        program = _dpo_program(config, score, model, (graphdef, policy_config), preference)
     run = TextRun(
         loop=make_text_loop(model.chat, graphdef, policy_config, text_config),
         greedy=make_text_loop(
             model.chat, graphdef, policy_config, dataclasses.replace(text_config, temperature=0.0)
         ),
-        program=make_text_update(config, score),
+        program=program,
         reference=jax.tree.map(jnp.copy, params),  # the update donates the state.
-        config=config, tasks=tasks, seed=int(seed),
+        config=config, tasks=tasks, seed=int(seed), preference=preference,
+        ref_score=None if preference is None else score,
     )  # fmt: skip
     return run, params
 
 
-def _preference_record(preference: Preference | None) -> dict[str, Any] | None:
+def _sized(preference: Preference, config: TrainConfig) -> Preference:
+    """The preference with its DPOConfig batch set to the TrainConfig's (the played one)."""
+    dpo = dataclasses.replace(
+        preference.config, num_groups=config.num_groups, group_size=config.group_size
+    )
+    return preference._replace(config=dpo)
+
+
+def _preference_record(preference: Preference | None, config: TrainConfig):
     """provenance.json's `preference`: the judge and the DPOConfig fields text mode reads."""
     if preference is None:
         return None
+    preference = _sized(preference, config)
     unused = ("num_updates", "pairs_per_step", "pairs")  # offline / fork settings.
     dpo = {k: v for k, v in dataclasses.asdict(preference.config).items() if k not in unused}
     return {**preference._asdict(), "config": dpo}
 
 
-def _dpo_run(config, text_config, tasks, model, *, seed, preference, graphdef, params):
-    """`make_text_run` of online DPO: the judge, `make_text_dpo`, the reference scorer."""
-    llama_config = model.checkpoint.config
-    score = make_text_score(model.chat, graphdef, llama_config, text_config)
+def _dpo_program(config, score, model: AgentModel, lm, preference: Preference):
+    """`make_text_dpo` with the preference's judge (`lm`: the policy's graphdef and config,
+    which the LM judge reads with)."""
     weights = None
     if preference.judge == "lm":
-        judge = make_lm_judge(model.chat, graphdef, llama_config, question=preference.question)
+        judge = make_lm_judge(model.chat, *lm, question=preference.question)
     else:
         judge, weights = make_judge(config), judge_weights(config, preference.judge)
-    dpo = dataclasses.replace(
-        preference.config, num_groups=config.num_groups, group_size=config.group_size
+    return make_text_dpo(
+        preference.config, score, judge, weights=weights, accuracy=preference.accuracy
     )
-    run = TextRun(
-        loop=make_text_loop(model.chat, graphdef, llama_config, text_config),
-        greedy=make_text_loop(
-            model.chat, graphdef, llama_config, dataclasses.replace(text_config, temperature=0.0)
-        ),
-        program=make_text_dpo(dpo, score, judge, weights=weights, accuracy=preference.accuracy),
-        reference=jax.tree.map(jnp.copy, params), config=config, tasks=tasks, seed=int(seed),
-        preference=preference._replace(config=dpo), ref_score=score,
-    )  # fmt: skip
-    return run, params
 
 
 def play_batch(run: TextRun, params: nnx.State, update: int) -> tuple[list, Any]:
@@ -439,7 +440,7 @@ def evaluate_text(run: TextRun, params: nnx.State, eval_tasks: list) -> dict[str
     from `key(EVAL_STREAM)` (the same at every evaluation): the `eval_*` columns."""
     row, began = {}, time.perf_counter()
     keys = jax.random.split(jax.random.key(EVAL_STREAM), len(eval_tasks))
-    for mode, loop in (("sampled", run.loop), ("greedy", run.greedy)):
+    for mode, loop in zip(EVAL_MODES, (run.loop, run.greedy), strict=True):
         episodes = [loop.start(make_env(), env_seed) for make_env, env_seed in eval_tasks]
         loop.play(params, episodes, keys)
         trajectory = loop.trajectory(episodes)
@@ -457,7 +458,7 @@ def evaluate_text(run: TextRun, params: nnx.State, eval_tasks: list) -> dict[str
 
 def _no_eval() -> dict[str, float]:
     """The `eval_*` columns of a row without evaluation (NaN: not measured)."""
-    names = [f"eval_{mode}_{m}" for mode in ("sampled", "greedy") for m in EVAL_METRICS]
+    names = [f"eval_{mode}_{m}" for mode in EVAL_MODES for m in EVAL_METRICS]
     return dict.fromkeys([*names, "eval_sampled_entropy", "eval_s"], float("nan"))
 
 
