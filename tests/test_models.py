@@ -118,7 +118,9 @@ def test_remat_gives_the_same_gradients_and_keeps_no_attention_maps(model):
     for read in (None, np.array([3, 40, 63])):
         plain = jax.jit(jax.value_and_grad(loss(graphdef, read)))(params)
         remat = jax.jit(jax.value_and_grad(loss(remat_def, read)))(params)
-        chex.assert_trees_all_close(remat, plain, atol=1e-6)
+        # Recomputing the blocks may fuse their sums in another order: float32 rounding
+        # (measured up to 1.9e-6 on gradients of ~0.4 on an Intel Xeon), not a wrong value.
+        chex.assert_trees_all_close(remat, plain, atol=1e-5)
 
     def residual_bytes(graphdef):
         saved = saved_residuals(loss(graphdef, None), params)
