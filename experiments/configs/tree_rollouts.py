@@ -16,14 +16,29 @@ episodes per update; the tree's siblings replay no prefix, so it plays fewer
 environment turns per update, and `auc` (training success over the horizon's common
 budget of environment turns) is the equal-turn comparison. Expected time: about 45 min on
 the 2-core CPU alone.
+
+`--config=experiments/configs/tree_rollouts.py:k4_surprisal`: the follow-up on the same
+seeds, turn GAE, GRPO (the pairing reference) and Tree-GRPO (K = 2, uniform) again
+beside trees of K = 4 leaves branched uniformly, of K = 2 branched at the most
+surprising turn (TreeRL's choice), and of K = 4 at the most surprising turn
+(`+field=value` estimator options). Expected time: about 55 min on the 2-core CPU alone.
 """
 
 import ml_collections
 
 from experiments.configs import horizon_sweep
 
+# The follow-up's trees: K = 4 uniform, K = 2 at the most surprising turn, and both.
+TREE_VARIANTS = (
+    "tree_grpo+tree_branches=4",
+    "tree_grpo+tree_branch_at=surprisal",
+    "tree_grpo+tree_branches=4+tree_branch_at=surprisal",
+)
 
-def get_config() -> ml_collections.ConfigDict:
+
+def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
+    if variant not in (None, "", "k4_surprisal"):
+        raise ValueError(f"tree_rollouts config {variant!r}: known variants: k4_surprisal.")
     config = horizon_sweep.get_config()
     config.horizons = "8,12"
     config.conditions = "outcome"  # with train.estimator = gae_turn: the reference.
@@ -34,4 +49,6 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.tree_branches = 2
     config.train.tree_branch_at = "uniform"
     config.paired_to = "outcome/grpo"  # Tree-GRPO's claim is against independent chains
+    if variant:
+        config.estimators = ",".join(("grpo", "tree_grpo", *TREE_VARIANTS))
     return config

@@ -433,16 +433,37 @@ def _numbers(text: str, field: str, what: str, cast: type, kind: str) -> list:
     return out
 
 
-def estimator_config(base: TrainConfig, spec: str) -> TrainConfig:
-    """`name` or `name@lam` (e.g. `gae_token@0.9`) -> the TrainConfig of that estimator."""
-    name, _, lam = spec.partition("@")
-    fields = {"estimator": name}
+def estimator_fields(spec: str) -> dict[str, Any]:
+    """The TrainConfig fields of estimator spec `name[@lam][+field=value]...`, e.g.
+    `gae_token@0.9` or `tree_grpo+tree_branches=4+tree_branch_at=surprisal` (a field's
+    value is read as the type of its TrainConfig default)."""
+    head, *options = spec.split("+")
+    name, _, lam = head.partition("@")
+    fields: dict[str, Any] = {"estimator": name}
     if lam:
         try:
             fields["lam"] = float(lam)
         except ValueError:
             raise ValueError(f"lam {lam!r} (after @) is no number.") from None
-    return dataclasses.replace(base, **fields)
+    defaults = {field.name: field.default for field in dataclasses.fields(TrainConfig)}
+    for option in options:
+        field, equals, value = option.partition("=")
+        if not equals or field not in defaults or field in fields:
+            raise ValueError(
+                f"{option!r} (after +) is no 'field=value' of another TrainConfig field."
+            )
+        kind = type(defaults[field])
+        try:
+            fields[field] = value.lower() in ("1", "true") if kind is bool else kind(value)
+        except ValueError:
+            raise ValueError(f"{option!r}: {value!r} is no {kind.__name__}.") from None
+    return fields
+
+
+def estimator_config(base: TrainConfig, spec: str) -> TrainConfig:
+    """`name[@lam][+field=value]...` (`estimator_fields`) -> the TrainConfig of that
+    estimator."""
+    return dataclasses.replace(base, **estimator_fields(spec))
 
 
 def plain_forms(text: str, field: str = "conditions") -> list[str]:

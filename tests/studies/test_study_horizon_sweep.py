@@ -10,6 +10,7 @@ import pytest
 
 from experiments.configs import horizon_sweep as default_config
 from experiments.configs import horizon_sweep_accel
+from experiments.configs import tree_rollouts
 from experiments.studies import horizon_sweep
 from rlagent.host import loop
 
@@ -81,6 +82,28 @@ def test_estimators_can_compare_under_a_learned_reward():
     assert grpo.conditions == ("learned_min/prm=noisy_oracle@0.1/grpo",)
     assert (grpo.config.prm.kind, grpo.config.prm.noise) == ("noisy_oracle", 0.1)
     assert grpo.config.train.estimator == "grpo" and grpo.config.probe.every == 0
+
+
+def test_estimator_options_set_their_train_fields():
+    """`tree_grpo+tree_branches=4+tree_branch_at=surprisal`: one run with those fields;
+    a spec that trains what another trains, or a bad option, is refused."""
+    config = tree_rollouts.get_config("k4_surprisal")
+    runs = dict(horizon_sweep.plan(config))[8]
+    spec = "tree_grpo+tree_branches=4+tree_branch_at=surprisal"
+    assert [r.name for r in runs] == ["gae_turn", "grpo", "tree_grpo", *tree_rollouts.TREE_VARIANTS]
+    fields = [(r.config.train.tree_branches, r.config.train.tree_branch_at) for r in runs[2:]]
+    assert fields == [(2, "uniform"), (4, "uniform"), (2, "surprisal"), (4, "surprisal")]
+    assert {r.config.train.estimator for r in runs[2:]} == {"tree_grpo"}
+    assert runs[5].conditions == (f"outcome/{spec}",)
+    for spec, message in [
+        ("grpo,grpo+lam=0.95", "'grpo\\+lam=0.95' trains what 'grpo' trains"),
+        ("tree_grpo+tree_branches=x", "'tree_branches=x': 'x' is no int"),
+        ("tree_grpo+branches=4", "'branches=4' \\(after \\+\\) is no 'field=value'"),
+        ("tree_grpo+tree_branches=3", "tree_branches = 3 must divide group_size"),
+    ]:
+        config.estimators = spec
+        with pytest.raises(ValueError, match=f"config.estimators: .*{message}"):
+            horizon_sweep.plan(config)
 
 
 @pytest.mark.parametrize(
