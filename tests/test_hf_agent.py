@@ -332,3 +332,89 @@ def test_missing_model_dir_unknown_env_and_bad_flags_exit_with_one_line(tmp_path
         last = done.stderr.strip().splitlines()[-1]
         assert last.startswith("error: ") and message in last, last
         assert not (tmp_path / "w").exists()
+
+
+MESH_SCRIPT = """
+import json, os, sys
+flags = os.environ.get("XLA_FLAGS", "")  # the suite's (tests/conftest.py), and 8 devices:
+os.environ["XLA_FLAGS"] = flags + " --xla_force_host_platform_device_count=8"
+sys.path[:0] = [{root!r}, {tests!r}]
+import jax
+from test_hf_agent import _config, _run
+from experiments.studies import hf_agent
+from rlagent.host.workdir import RunError
+from rlagent.text import train as text_train
+model, out = sys.argv[1], sys.argv[2]
+result = {{}}
+
+def config(devices, num_updates=2, group_size=4):
+    config = _config(num_updates=num_updates, num_groups=2, group_size=group_size)
+    config.mesh.update(devices=devices, data=2 if devices > 1 else 1)
+    return config
+
+for name, devices, updates, resume in [("one", 0, 2, False), ("mesh", 4, 2, False),
+                                       ("part", 4, 1, False), ("part", 4, 2, True)]:
+    _run(config(devices, updates), os.path.join(out, name), model, resume=resume)
+for name, cfg, kwargs in [("other_mesh", config(0, 3), dict(resume=True)),
+                          ("indivisible", config(8, 2, group_size=2), {{}})]:
+    try:
+        _run(cfg, os.path.join(out, name if name != "other_mesh" else "part"), model, **kwargs)
+    except (RunError, ValueError) as error:
+        result[name] = str(error)
+cfg = config(4)
+train, text, tasks = hf_agent.build(cfg, "toolworld_text")
+agent = text_train.check_model(model, tasks.tools)
+_, params = text_train.make_text_run(train, text, tasks, agent, mesh=hf_agent.mesh(cfg))
+big = max(jax.tree.leaves(params), key=lambda leaf: leaf.size)
+result["big"] = dict(spec=str(big.sharding.spec), devices=len(big.sharding.device_set),
+                     shard=list(big.addressable_shards[0].data.shape), shape=list(big.shape))
+print(json.dumps(result))
+"""
+
+
+def test_fsdp_mesh_trains_as_one_device_and_resumes_exactly(toolworld_model, tmp_path):
+    """`--config.mesh.devices=4 --config.mesh.data=2` on 8 fake CPU devices: parameters in
+    FSDP layout, the same rows as on one device (float rounding), an exact resume; a
+    resume on another mesh and a batch that does not split over the devices are refused."""
+    script = MESH_SCRIPT.format(root=ROOT, tests=os.path.join(ROOT, "tests"))
+    command = [sys.executable, "-c", script, str(toolworld_model), str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    big = result["big"]  # the tied embedding [512, 32]: rows over the 2-way fsdp axis.
+    assert big["shape"] == [512, 32] and big["spec"] == "P('fsdp', None)", big
+    assert big["devices"] == 4 and big["shard"] == [256, 32]
+    one, mesh, part = (_rows(tmp_path / name) for name in ("one", "mesh", "part"))
+    assert float(mesh[1]["kl_ref"]) > 1e-9  # the first update moved the policy.
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]  # noqa: E731
+    assert strip(part) == strip(mesh)
+    assert len(one) == len(mesh) == 2
+    for plain, sharded in zip(strip(one), strip(mesh), strict=True):
+        for key, value in plain.items():
+            try:
+                number = float(value)
+            except ValueError:
+                assert sharded[key] == value, key
+                continue
+            assert float(sharded[key]) == pytest.approx(number, rel=1e-4, abs=1e-5, nan_ok=True), (
+                key
+            )
+    assert "different config: mesh" in result["other_mesh"], result
+    assert "8 devices do not divide a minibatch of 4 episodes" in result["indivisible"], result
+
+
+def test_mesh_config_is_checked_before_anything_runs(toolworld_model, tmp_path):
+    for fields, message in [
+        (dict(devices=len(jax.local_devices()) + 1), "config.mesh.devices must be -1, 0 or"),
+        (dict(devices=1, data=2), "config.mesh.data = 2 must divide config.mesh.devices = 1"),
+        (dict(rows=2), "Unknown mesh config fields \\['rows'\\]"),
+    ]:
+        config = _config()
+        config.mesh.update(fields) if "rows" not in fields else config.mesh.update(rows=2)
+        with pytest.raises(ValueError, match=message):
+            _run(config, tmp_path / "w", toolworld_model)
+    config = _config("online_dpo")
+    config.mesh.devices = 1
+    with pytest.raises(ValueError, match="config.mesh: online DPO trains on one device"):
+        _run(config, tmp_path / "w", toolworld_model)
+    assert not (tmp_path / "w").exists()

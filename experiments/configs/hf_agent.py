@@ -14,7 +14,7 @@ temperature), `train` (the update: rlagent.train.config.TrainConfig fields: upda
 tasks per update = num_groups, group_size, learning rate, KL to the reference, ...; the
 fields left None take the algorithm's values, rlagent.text.train.ALGORITHMS) and `model`
 (parameter dtype, rematerialisation; end-of-turn and padding tokens, '' = the tokenizer's
-eos / pad token).
+eos / pad token), `mesh` (FSDP over local devices: `--config.mesh.devices=-1` for all).
 """
 
 import ml_collections
@@ -40,6 +40,10 @@ def get_config() -> ml_collections.ConfigDict:
     # Recompute each decoder block in the backward pass: the update keeps one block's
     # attention weights at a time instead of every block's (docs/text.md, memory).
     config.model.remat = False
+
+    # FSDP over local devices (rlagent.models.sharding): devices 0 = one device, no mesh;
+    # N = the first N local devices, -1 = all; `data` rows of them (data parallel).
+    config.mesh = ml_collections.ConfigDict(dict(devices=0, data=1))
 
     config.env = ml_collections.ConfigDict()
     # ToolWorld in text mode (rlagent.text.toolworld): a task is a world seed.

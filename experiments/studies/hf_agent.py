@@ -12,11 +12,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 import ml_collections
 
 from experiments.studies.common import check_counts
 from experiments.studies.sections import make
 from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.models import sharding
 from rlagent.preference.dpo import DPOConfig
 from rlagent.preference.judges import judge_weights
 from rlagent.text import train as text_train
@@ -46,8 +48,31 @@ def run(
     return text_train.run_text(
         train_config, text_config, tasks, agent, workdir=workdir, seed=config.seed,
         algorithm=config.algorithm, resume=resume, overwrite=overwrite, progress=progress,
-        evaluation=evaluation, preference=dpo,
+        evaluation=evaluation, preference=dpo, mesh=mesh(config),
     )  # fmt: skip
+
+
+def mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh | None:
+    """The FSDP mesh of `config.mesh`: None with `devices` = 0 (one device), else the first
+    `devices` local devices (-1: all of them) as `data` rows (`sharding.fsdp_mesh`)."""
+    section = config.mesh.to_dict()
+    unknown = sorted(set(section) - {"devices", "data"})
+    if unknown:
+        raise ValueError(f"Unknown mesh config fields {unknown}; known: ['data', 'devices'].")
+    devices, data = int(section["devices"]), int(section["data"])
+    if devices == 0:
+        return None
+    local = jax.local_devices()
+    if devices == -1:
+        devices = len(local)
+    if not 1 <= devices <= len(local):
+        raise ValueError(
+            f"config.mesh.devices must be -1, 0 or 1..{len(local)} (the local devices), "
+            f"got {devices}."
+        )
+    if data < 1 or devices % data:
+        raise ValueError(f"config.mesh.data = {data} must divide config.mesh.devices = {devices}.")
+    return sharding.fsdp_mesh(local[:devices], data=data)
 
 
 def preference(
@@ -80,6 +105,7 @@ def build(
     if env not in ENVS:
         raise ValueError(f"--env must be one of {ENVS}, got {env!r}")
     check_counts(config, {"seed": None})
+    mesh(config)  # a bad mesh section is refused with the rest.
     train = config.train.to_dict()
     known = {field.name for field in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(train) - known)

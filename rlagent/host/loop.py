@@ -405,6 +405,13 @@ def _metrics_reach(rows: list[dict[str, Any]], runs: list[tuple[str, int]]) -> i
     return min((last.get(run, 0) for run in runs), default=0)
 
 
+def _placed_like(template: Any, restored: Any) -> Any:
+    """`restored` (a checkpoint's leaf) placed as the fresh state's leaf `template` is."""
+    if isinstance(template, jax.Array) and template.committed:
+        return jax.device_put(np.asarray(restored), template.sharding)
+    return jnp.asarray(np.asarray(restored))
+
+
 def _restore(
     manager: ocp.CheckpointManager, state: RunnerState | Curriculum, *, reach: int
 ) -> tuple[int, RunnerState | Curriculum]:
@@ -448,8 +455,10 @@ def _restore(
             continue
         logging.warning("Resuming %s from checkpoint step %d.", manager.directory, step)
         # Restored arrays are committed to a device, fresh ones are not; as a jit cache key
-        # that difference would recompile the chunk (a full compile on every resume).
-        restored = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), restored)
+        # that difference would recompile the chunk (a full compile on every resume). A
+        # template leaf placed on a mesh (committed) keeps its sharding: the programs then
+        # run as they did before the stop (the same layout, the same rounding).
+        restored = jax.tree.map(_placed_like, state, restored)
         if isinstance(state, Curriculum):  # the scheduler's state lives on the host
             restored = restored._replace(
                 scheduler=jax.tree.map(np.asarray, restored.scheduler),

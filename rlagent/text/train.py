@@ -17,6 +17,11 @@ an uninterrupted one. The run folder is the host loop's (`rlagent.host.loop.open
 metrics.csv, Orbax checkpoints (step 0, the start, and the newest two), a non-finite loss
 stopping the run with `Diverged`.
 
+With a mesh (`run_text(mesh=...)`, `rlagent.models.sharding.fsdp_mesh`) the policy, the
+reference and the optimiser state live in FSDP layout over its devices: the text loop's
+jitted generation reads the sharded parameters (XLA gathers what a layer needs), the
+update keeps its state sharded and splits the batch's episodes over every device.
+
 `check_model` refuses, before anything is written, a folder that is no checkpoint the
 loader reads (`rlagent.models.checkpoint.read_checkpoint`), a tokenizer the folder lacks or
 one without a chat template (`rlagent.text.chat.make_chat`), and a vocabulary mismatch
@@ -44,6 +49,7 @@ from rlagent.envs.toolworld.config import ToolWorldConfig
 from rlagent.host import loop as host_loop
 from rlagent.host import provenance
 from rlagent.models import checkpoint
+from rlagent.models import sharding
 from rlagent.models.hf import CheckpointError
 from rlagent.preference.dpo import DPOConfig
 from rlagent.preference.judges import judge_weights
@@ -239,8 +245,13 @@ def run_text(
     workdir: str, seed: int = 0, algorithm: str = "", resume: bool = False,
     overwrite: bool = False, tensorboard: bool = True, progress: bool = True,
     evaluation: EvalConfig = EvalConfig(), preference: Preference | None = None,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Trains `config.num_updates` updates (module docstring); returns every metric row.
+
+    With `mesh` (a `("data", "fsdp")` mesh, `sharding.fsdp_mesh`) parameters and
+    optimiser state are sharded over its devices (module docstring); the batch's episodes
+    must divide over them, and online DPO is refused (its program runs on one device).
 
     With `evaluation.every` > 0, every `every` updates and after the last one the policy
     plays `evaluation.episodes` fixed episodes (`eval_task_list`: the training tasks or
@@ -261,6 +272,7 @@ def run_text(
     # (`TextLoop.start` renders and checks it; no model is needed for that).
     TextLoop(model.chat, text_config, sample=None).start(first, env_seed)
     eval_tasks = eval_task_list(tasks, evaluation)  # refuses before anything is written.
+    check_mesh(mesh, config, preference)
     if preference is not None and preference.judge == "lm":  # the same for the LM judge.
         answer_ids(model.chat, "Yes", "No")
         question_tokens(model.chat, preference.question)
@@ -270,11 +282,14 @@ def run_text(
         model=dict(model_dir=model.model_dir, config_sha256=model.config_sha256,
                    policy=dataclasses.asdict(model.checkpoint.config)),
         seed=int(seed), algorithm=algorithm,
+        mesh=None if mesh is None else dict(mesh.shape),
     )  # fmt: skip
     resume, record = host_loop.open_run(
         workdir, resolved, lr_schedule=config.lr_schedule, resume=resume, overwrite=overwrite
     )
-    run, params = make_text_run(config, text_config, tasks, model, seed=seed, preference=preference)
+    run, params = make_text_run(
+        config, text_config, tasks, model, seed=seed, preference=preference, mesh=mesh
+    )
     runs = [(algorithm or config.estimator, int(seed))]
     with host_loop.run_files(
         workdir, run.init(params), runs, resume=resume, tensorboard=tensorboard
@@ -321,17 +336,21 @@ class TextRun(NamedTuple):
 
 def make_text_run(
     config: TrainConfig, text_config: TextConfig, tasks: TaskSet, model: AgentModel, *,
-    seed: int = 0, preference: Preference | None = None,
+    seed: int = 0, preference: Preference | None = None, mesh: jax.sharding.Mesh | None = None,
 ) -> tuple[TextRun, nnx.State]:  # fmt: skip
-    """Loads the checked model: `(its TextRun, the initial policy parameters)`."""
+    """Loads the checked model: `(its TextRun, the initial policy parameters)`; with `mesh`
+    the parameters in FSDP layout over it (`check_mesh`)."""
+    check_mesh(mesh, config, preference)
     llama, policy_config = checkpoint.load_pretrained(
         model.model_dir, dtype=jnp.dtype(model.checkpoint.config.param_dtype),
         pad_id=model.chat.pad_id, remat=model.checkpoint.config.remat,
     )  # fmt: skip
     graphdef, params = nnx.split(llama)
+    if mesh is not None:
+        params = sharding.shard_params(params, mesh)
     score = make_text_score(model.chat, graphdef, policy_config, text_config)
     if preference is None:
-        program = make_text_update(config, score)
+        program = make_text_update(config, score, mesh=mesh)
     else:
         preference = _sized(preference, config)
         program = _dpo_program(config, score, model, (graphdef, policy_config), preference)
@@ -346,6 +365,24 @@ def make_text_run(
         ref_score=None if preference is None else score,
     )  # fmt: skip
     return run, params
+
+
+def check_mesh(
+    mesh: jax.sharding.Mesh | None, config: TrainConfig, preference: Preference | None
+) -> None:
+    """Refuses a mesh the run cannot use: online DPO (one device), or a batch whose
+    episodes (and minibatches) do not divide over the mesh's devices."""
+    if mesh is None:
+        return
+    if preference is not None:
+        raise ValueError("config.mesh: online DPO trains on one device (no mesh); set devices=0.")
+    rows = config.num_groups * config.group_size // config.num_minibatches
+    if rows % mesh.size:
+        raise ValueError(
+            f"config.mesh: {mesh.size} devices do not divide a minibatch of {rows} episodes "
+            f"(train.num_groups x group_size / num_minibatches = {config.num_groups} x "
+            f"{config.group_size} / {config.num_minibatches})."
+        )
 
 
 def _sized(preference: Preference, config: TrainConfig) -> Preference:
