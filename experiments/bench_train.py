@@ -20,9 +20,13 @@ CPU may be shared). Keys:
 * `first_update_metrics`: every metric of the first update from `trainer.init` at the
   largest run count, one value per run (to compare two versions of the trainer).
 * With `--live_chunks_ab`, `live_chunks_ab`: the rollout of every run (vmapped, from
-  `trainer.init`) playing every row (`RolloutConfig.live_chunks=0`) against the
-  config's, timed alternately in one process (`repeats` pairs): median ms of each, the
-  median of the paired ratios, and the alive fraction by turn.
+  `trainer.init`) playing every row (`RolloutConfig.live_chunks=0`) against live rows
+  only at each chunk count of `--live_chunks` (e.g. `1,8,16`; 1 = one chunk per run:
+  the live-rows machinery without its saving), and the environment's steps alone (reset
+  and one `env.step` per turn slot on every row, with the rollout's actions), all timed
+  alternately in one process (`repeats` rounds): median ms of each, the median of the
+  paired ratios, and the alive fraction by turn. The first chunk count's numbers are
+  also the block's top-level `live_chunks`, `live_rows_ms`, `speedup_median_of_pairs`.
 
 Compile times alone:
 
@@ -107,8 +111,8 @@ _CACHE_DIR = flags.DEFINE_string(
 _LIVE_CHUNKS_AB = flags.DEFINE_bool(
     "live_chunks_ab", False, "Only time the rollout: every row against live rows only."
 )
-_LIVE_CHUNKS = flags.DEFINE_integer(
-    "live_chunks", 8, "RolloutConfig.live_chunks of the live-rows side of --live_chunks_ab."
+_LIVE_CHUNKS = flags.DEFINE_list(
+    "live_chunks", ["8"], "RolloutConfig.live_chunks of the live-rows sides of --live_chunks_ab."
 )
 
 
@@ -321,32 +325,60 @@ def _breakdown(trainer, state, setup, update_ms: float) -> dict:
 
 
 def _live_chunks_ab(setup, state) -> dict:
-    """The rollout playing every row against the config's live chunks, alternately."""
+    """The rollout playing every row against live chunks, and the env steps, alternately."""
     graphdef = policy_graphdef(setup.policy_config)
-    configs = {
-        "every_row": dataclasses.replace(setup.rollout_config, live_chunks=0),
-        "live_rows": dataclasses.replace(setup.rollout_config, live_chunks=_LIVE_CHUNKS.value),
-    }
-    rollouts = {
+    try:
+        chunk_counts = [int(count) for count in _LIVE_CHUNKS.value]
+    except ValueError:
+        chunk_counts = []
+    if not chunk_counts or min(chunk_counts) < 1:
+        sys.exit(f"error: --live_chunks must list integers >= 1, got {_LIVE_CHUNKS.value}")
+    configs = {"every_row": dataclasses.replace(setup.rollout_config, live_chunks=0)}
+    for count in chunk_counts:
+        configs[f"live_{count}"] = dataclasses.replace(setup.rollout_config, live_chunks=count)
+    programs = {
         name: jax.jit(jax.vmap(make_rollout(setup.env, graphdef, config)))
         for name, config in configs.items()
     }
     keys = _rollout_keys(state)
-    times = {name: [] for name in rollouts}
-    for rollout in rollouts.values():
-        trajectory = jax.block_until_ready(rollout(state.params, *keys))
+    args = {name: (state.params, *keys) for name in programs}
+    trajectory = jax.block_until_ready(programs["every_row"](*args["every_row"]))
+    env = setup.env
+
+    def env_steps(env_keys, actions):  # one run: [B] keys, [B, S, L] actions.
+        env_state, timestep = jax.vmap(env.reset)(env_keys)
+        for s in range(actions.shape[1]):
+            env_state, timestep = jax.vmap(env.step)(env_state, actions[:, s])
+        return timestep
+
+    programs["env_steps"] = jax.jit(jax.vmap(env_steps))
+    args["env_steps"] = (keys[0], trajectory.action_tokens)
+    times = {name: [] for name in programs}
+    for name, program in programs.items():
+        jax.block_until_ready(program(*args[name]))
     for _ in range(_REPEATS.value):
-        for name, rollout in rollouts.items():
+        for name, program in programs.items():
             start = time.perf_counter()
-            jax.block_until_ready(rollout(state.params, *keys))
+            jax.block_until_ready(program(*args[name]))
             times[name].append(time.perf_counter() - start)
-    ratios = [a / b for a, b in zip(times["every_row"], times["live_rows"], strict=True)]
+    by_chunks = {}
+    for count in chunk_counts:
+        live = times[f"live_{count}"]
+        ratios = [a / b for a, b in zip(times["every_row"], live, strict=True)]
+        by_chunks[str(count)] = dict(
+            live_rows_ms=1e3 * statistics.median(live),
+            speedup_median_of_pairs=statistics.median(ratios),
+            speedups=ratios,
+        )
+    first = by_chunks[str(chunk_counts[0])]
     return dict(
-        live_chunks=_LIVE_CHUNKS.value,
+        live_chunks=chunk_counts[0],
         every_row_ms=1e3 * statistics.median(times["every_row"]),
-        live_rows_ms=1e3 * statistics.median(times["live_rows"]),
-        speedup_median_of_pairs=statistics.median(ratios),
-        speedups=ratios,
+        live_rows_ms=first["live_rows_ms"],
+        speedup_median_of_pairs=first["speedup_median_of_pairs"],
+        speedups=first["speedups"],
+        env_steps_ms=1e3 * statistics.median(times["env_steps"]),
+        by_chunks=by_chunks,
         alive_by_turn=np.asarray(jnp.mean(trajectory.turn_mask, axis=(0, 1))).tolist(),
     )
 
