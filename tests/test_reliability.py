@@ -443,3 +443,19 @@ def test_killed_runs_resume_exactly(straight, tmp_path):
         manager.close()
         resumed_manager.close()
     assert json.loads((workdir / "provenance.json").read_text())["config"]["seeds"] == [0, 1]
+
+
+def test_compiled_programs_are_cleared_near_the_memory_map_limit(monkeypatch):
+    """XLA CPU maps each program's code in many regions; past half of vm.max_map_count a
+    run clears the compiled programs first (a long sweep died at the limit otherwise)."""
+    counts = loop.memory_maps()
+    if counts is not None:  # Linux: real numbers, well below the limit in a test.
+        assert 0 < counts[0] < counts[1]
+    cleared = []
+    monkeypatch.setattr(loop, "clear_compiled", lambda: cleared.append(True))
+    monkeypatch.setattr(loop, "memory_maps", lambda: (40_000, 65_530))
+    assert loop.clear_compiled_if_crowded() and cleared == [True]
+    monkeypatch.setattr(loop, "memory_maps", lambda: (30_000, 65_530))
+    assert not loop.clear_compiled_if_crowded() and cleared == [True]
+    monkeypatch.setattr(loop, "memory_maps", lambda: None)  # no /proc: nothing to go by.
+    assert not loop.clear_compiled_if_crowded() and cleared == [True]

@@ -75,8 +75,8 @@ from rlagent.train.rewards import reward_weights
 
 __all__ = [
     "RESUMABLE_FIELDS", "Diverged", "RunError", "RunFiles", "check_arguments", "check_finite",
-    "checkpoint_manager", "clear_compiled", "open_run", "quiet_closed_loops", "resume_state",
-    "run", "run_files", "save_start", "save_state",
+    "checkpoint_manager", "clear_compiled", "clear_compiled_if_crowded", "open_run",
+    "quiet_closed_loops", "resume_state", "run", "run_files", "save_start", "save_state",
 ]  # fmt: skip
 
 
@@ -144,6 +144,7 @@ def run(
         workdir, resolved, lr_schedule=config.lr_schedule, extra=("train.check_inputs",),
         resume=resume, overwrite=overwrite, chunk_size=chunk_size,
     )  # fmt: skip
+    clear_compiled_if_crowded()  # before this run compiles its programs
     trainer = _trainer(config, env, policy_config, rollout_config, mesh, prm=prm, probe=probe)
     state, chunks = _initial_state(trainer, config, runs, seeds, initial_params), trainer
     if curriculum is not None:  # the chunks' stage probabilities come from the scheduler
@@ -567,6 +568,40 @@ def clear_compiled() -> None:
     for cached in (_trainer, _init, _chunk, _curriculum_chunk, _evaluator):
         cached.cache_clear()
     jax.clear_caches()
+
+
+# `clear_compiled_if_crowded` clears past this fraction of the kernel's memory-map limit.
+CROWDED_MAPS = 0.5
+
+
+def clear_compiled_if_crowded(fraction: float = CROWDED_MAPS) -> bool:
+    """Clears the compiled programs (`clear_compiled`) when this process holds more than
+    `fraction` of the kernel's limit on memory maps (Linux `vm.max_map_count`, 65,530 by
+    default); True when it cleared. XLA CPU maps every compiled program's code in many
+    regions, and a sweep that keeps dozens of programs in one process (the horizon sweep's
+    6 estimators x 2 horizons) otherwise dies past the limit with `LLVM compilation
+    error: Cannot allocate memory` (or a failed `dlopen`) while memory is still free.
+    Without /proc (not Linux) nothing is cleared."""
+    counts = memory_maps()
+    if counts is None:
+        return False
+    regions, allowed = counts
+    if regions <= fraction * allowed:
+        return False
+    logging.info("%d of %d memory maps in use: clearing compiled programs.", regions, allowed)
+    clear_compiled()
+    return True
+
+
+def memory_maps() -> tuple[int, int] | None:
+    """(memory maps this process holds, the kernel's limit), None where /proc cannot say."""
+    try:
+        with open("/proc/self/maps") as maps:
+            regions = sum(1 for _ in maps)
+        with open("/proc/sys/vm/max_map_count") as limit:
+            return regions, int(limit.read())
+    except (OSError, ValueError):
+        return None
 
 
 @functools.lru_cache(maxsize=16)
