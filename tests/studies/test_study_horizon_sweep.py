@@ -95,6 +95,10 @@ def test_estimator_options_set_their_train_fields():
     assert fields == [(2, "uniform"), (4, "uniform"), (2, "surprisal"), (4, "surprisal")]
     assert {r.config.train.estimator for r in runs[2:]} == {"tree_grpo"}
     assert runs[5].conditions == (f"outcome/{spec}",)
+    confirm = tree_rollouts.get_config("surprisal_confirm")
+    ((horizon, runs),) = horizon_sweep.plan(confirm)
+    assert horizon == 12 and (confirm.seeds, confirm.first_seed) == (20, 10)
+    assert [r.name for r in runs] == ["gae_turn", "grpo", *tree_rollouts.TREE_VARIANTS[1:]]
     for spec, message in [
         ("grpo,grpo+lam=0.95", "'grpo\\+lam=0.95' trains what 'grpo' trains"),
         ("tree_grpo+tree_branches=x", "'tree_branches=x': 'x' is no int"),
