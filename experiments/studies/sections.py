@@ -1,7 +1,8 @@
 """Config sections as data: a section holds every field of a typed config dataclass.
 
 `section(cls, **values)` makes one (any field can be overridden from the command line);
-`make(cls, values, name)` builds the dataclass back, naming the section of an unknown field.
+`make(cls, values, name)` builds the dataclass back, naming the section of an unknown field
+or of a value the dataclass refuses.
 """
 
 from __future__ import annotations
@@ -37,8 +38,15 @@ def section(cls: type, **values: Any) -> ml_collections.ConfigDict:
 
 
 def make(cls, values: Mapping[str, Any], section: str):
+    """`cls(**values)`; an unknown field, or a value the dataclass refuses, is an error
+    that names the section (`config.<section>: ...`)."""
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"Unknown {section} config fields {unknown}; known: {sorted(known)}.")
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    try:
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    except ValueError as error:
+        if f"config.{section}" in str(error):
+            raise
+        raise ValueError(f"config.{section}: {error}") from None

@@ -138,6 +138,8 @@ def refused(tmp_path, study: str, message: str, config_name: str | None = None, 
         ),
         ("generalization", {"rewards__labels__samples": 0}, r"rewards: config.labels.samples must"),
         ("strategies", {"eval_every": 0}, r"config.eval_every must be >= 1, got 0"),
+        # A value the section's dataclass refuses names the section.
+        ("sparse_vs_dense", {"model__num_heads": 3}, r"config.model: d_model=32 is not divisible"),
         ("strategies", {"data_sizes": "32,032"}, r"config.data_sizes names pair count \[32\] more"),
         ("strategies", {"data_sizes": "0"}, r"config.data_sizes: pair count 0 is below 1"),
         (
