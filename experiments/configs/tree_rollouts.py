@@ -27,11 +27,18 @@ surprising turn (TreeRL's choice), and of K = 4 at the most surprising turn
 the follow-up's one lead (surprisal-branched trees above GRPO in AUC at equal turns at
 h = 12) on 20 fresh seeds (10-29): turn GAE, GRPO and the two surprisal variants at
 h = 12 only. Expected time: about 25 min on the 2-core CPU alone.
+
+`--config=experiments/configs/tree_rollouts.py:surprisal_heldout`: the confirmed result
+(K = 2, surprisal) against GRPO on held-out *tasks*: training draws only the training
+cells of the task generator (`env.task_split='train'`), evaluation only the held-out ones
+(`eval.tasks='heldout'`), 20 more fresh seeds (30-49), h = 12. Expected time: about 18
+min on the 2-core CPU alone.
 """
 
 import ml_collections
 
 from experiments.configs import horizon_sweep
+from experiments.studies.envs import env_section
 
 # The follow-up's trees: K = 4 uniform, K = 2 at the most surprising turn, and both.
 TREE_VARIANTS = (
@@ -41,10 +48,13 @@ TREE_VARIANTS = (
 )
 
 
+VARIANTS = ("k4_surprisal", "surprisal_confirm", "surprisal_heldout")
+
+
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-    if variant not in (None, "", "k4_surprisal", "surprisal_confirm"):
+    if variant not in (None, "", *VARIANTS):
         raise ValueError(
-            f"tree_rollouts config {variant!r}: known variants: k4_surprisal, surprisal_confirm."
+            f"tree_rollouts config {variant!r}: known variants: {', '.join(VARIANTS)}."
         )
     config = horizon_sweep.get_config()
     config.horizons = "8,12"
@@ -62,4 +72,10 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
         config.horizons = config.estimator_horizons = "12"
         config.estimators = ",".join(("grpo", *TREE_VARIANTS[1:]))
         config.seeds, config.first_seed = 20, 10
+    if variant == "surprisal_heldout":
+        config.horizons = config.estimator_horizons = "12"
+        config.estimators = ",".join(("grpo", TREE_VARIANTS[1]))
+        config.seeds, config.first_seed = 20, 30
+        config.env = env_section("toolworld", task_split="train")
+        config.eval.tasks = "heldout"
     return config

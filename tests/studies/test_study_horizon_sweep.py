@@ -99,6 +99,11 @@ def test_estimator_options_set_their_train_fields():
     ((horizon, runs),) = horizon_sweep.plan(confirm)
     assert horizon == 12 and (confirm.seeds, confirm.first_seed) == (20, 10)
     assert [r.name for r in runs] == ["gae_turn", "grpo", *tree_rollouts.TREE_VARIANTS[1:]]
+    heldout = tree_rollouts.get_config("surprisal_heldout")
+    ((_, runs),) = horizon_sweep.plan(heldout)
+    assert [r.name for r in runs] == ["gae_turn", "grpo", "tree_grpo+tree_branch_at=surprisal"]
+    assert {r.config.env.task_split for r in runs} == {"train"}
+    assert {r.config.eval.tasks for r in runs} == {"heldout"}
     for spec, message in [
         ("grpo,grpo+lam=0.95", "'grpo\\+lam=0.95' trains what 'grpo' trains"),
         ("tree_grpo+tree_branches=x", "'tree_branches=x': 'x' is no int"),
