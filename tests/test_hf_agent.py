@@ -355,10 +355,10 @@ def config(devices, num_updates=2, group_size=4):
 for name, devices, updates, resume in [("one", 0, 2, False), ("mesh", 4, 2, False),
                                        ("part", 4, 1, False), ("part", 4, 2, True)]:
     _run(config(devices, updates), os.path.join(out, name), model, resume=resume)
-for name, cfg, kwargs in [("other_mesh", config(0, 3), dict(resume=True)),
-                          ("indivisible", config(8, 2, group_size=2), {{}})]:
+for name, folder, cfg, kwargs in [("other_mesh", "part", config(0, 3), dict(resume=True)),
+                                  ("indivisible", "indivisible", config(8, 2, 2), {{}})]:
     try:
-        _run(cfg, os.path.join(out, name if name != "other_mesh" else "part"), model, **kwargs)
+        _run(cfg, os.path.join(out, folder), model, **kwargs)
     except (RunError, ValueError) as error:
         result[name] = str(error)
 cfg = config(4)
@@ -410,7 +410,7 @@ def test_mesh_config_is_checked_before_anything_runs(toolworld_model, tmp_path):
         (dict(rows=2), "Unknown mesh config fields \\['rows'\\]"),
     ]:
         config = _config()
-        config.mesh.update(fields) if "rows" not in fields else config.mesh.update(rows=2)
+        config.mesh.update(fields)
         with pytest.raises(ValueError, match=message):
             _run(config, tmp_path / "w", toolworld_model)
     config = _config("online_dpo")

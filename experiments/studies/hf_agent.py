@@ -38,6 +38,7 @@ def run(
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Trains the checkpoint of `model_dir` on `env` (one of ENVS); the metric rows."""
     train_config, text_config, tasks = build(config, env)
+    device_mesh = mesh(config)  # a bad mesh section is refused before the checkpoint is read.
     dpo = preference(config, train_config)  # refuses bad online DPO settings first.
     evaluation = make(EvalConfig, config.eval.to_dict(), "eval")
     model = config.model
@@ -48,7 +49,7 @@ def run(
     return text_train.run_text(
         train_config, text_config, tasks, agent, workdir=workdir, seed=config.seed,
         algorithm=config.algorithm, resume=resume, overwrite=overwrite, progress=progress,
-        evaluation=evaluation, preference=dpo, mesh=mesh(config),
+        evaluation=evaluation, preference=dpo, mesh=device_mesh,
     )  # fmt: skip
 
 
@@ -105,7 +106,6 @@ def build(
     if env not in ENVS:
         raise ValueError(f"--env must be one of {ENVS}, got {env!r}")
     check_counts(config, {"seed": None})
-    mesh(config)  # a bad mesh section is refused with the rest.
     train = config.train.to_dict()
     known = {field.name for field in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(train) - known)

@@ -38,7 +38,6 @@ import numpy as np
 from experiments.studies import common
 from experiments.studies import envs as env_kinds
 from experiments.studies.common import Run
-from experiments.studies.common import estimator_config
 from experiments.studies.common import estimator_fields
 from experiments.studies.common import ints
 from experiments.studies.common import names
@@ -76,13 +75,14 @@ def plan(config: ml_collections.ConfigDict) -> list[tuple[int, list[Run]]]:
     rewards = [label for group in groups for label in group.labels]
     base = TrainConfig.from_mapping(config.train)
     estimators = names(config.estimators, "estimators", "estimator") if config.estimators else []
-    specs, trained = {}, {repr(base): f"train.estimator={base.estimator}"}
+    specs, trained = {}, {base: f"train.estimator={base.estimator}"}
     for spec in estimators:
-        try:
-            specs[spec] = estimator_config(base, spec)
+        try:  # the run's train fields: the spec's, and lam as the baseline's unless given
+            specs[spec] = {"lam": base.lam, **estimator_fields(spec)}
+            trained_config = dataclasses.replace(base, **specs[spec])
         except ValueError as error:
             raise ValueError(f"config.estimators: {spec!r}: {error}") from None
-        twin = trained.setdefault(repr(specs[spec]), spec)
+        twin = trained.setdefault(trained_config, spec)
         if twin != spec:  # the same runs twice (train.estimator's are the baseline)
             raise ValueError(f"config.estimators: {spec!r} trains what {twin!r} trains.")
     estimator_horizons = []
@@ -109,9 +109,7 @@ def plan(config: ml_collections.ConfigDict) -> list[tuple[int, list[Run]]]:
         env = envs[horizon]
         runs = [_run(config, env, base.estimator, group, group.labels) for group in groups]
         if horizon in estimator_horizons:
-            for spec, est in specs.items():
-                fields = {key: getattr(est, key) for key in estimator_fields(spec)}
-                fields.setdefault("lam", est.lam)
+            for spec, fields in specs.items():
                 group = estimator_group
                 runs.append(_run(config, env, spec, group, [config.estimator_reward], fields))
         common.check_runs(runs, config)

@@ -376,7 +376,7 @@ def check_mesh(
         return
     if preference is not None:
         raise ValueError("config.mesh: online DPO trains on one device (no mesh); set devices=0.")
-    rows = config.num_groups * config.group_size // config.num_minibatches
+    rows = config.batch_size // config.num_minibatches
     if rows % mesh.size:
         raise ValueError(
             f"config.mesh: {mesh.size} devices do not divide a minibatch of {rows} episodes "
