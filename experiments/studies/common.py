@@ -436,7 +436,8 @@ def _numbers(text: str, field: str, what: str, cast: type, kind: str) -> list:
 def estimator_fields(spec: str) -> dict[str, Any]:
     """The TrainConfig fields of estimator spec `name[@lam][+field=value]...`, e.g.
     `gae_token@0.9` or `tree_grpo+tree_branches=4+tree_branch_at=surprisal` (a field's
-    value is read as the type of its TrainConfig default)."""
+    value is read as the type of its TrainConfig default; fields whose default is no bool,
+    int, float or str, such as tuples of weights, are refused)."""
     head, *options = spec.split("+")
     name, _, lam = head.partition("@")
     fields: dict[str, Any] = {"estimator": name}
@@ -453,8 +454,17 @@ def estimator_fields(spec: str) -> dict[str, Any]:
                 f"{option!r} (after +) is no 'field=value' of another TrainConfig field."
             )
         kind = type(defaults[field])
+        if kind not in (bool, int, float, str):  # a tuple or an optional field
+            raise ValueError(
+                f"{option!r}: {field} takes no value after +; set config.train.{field}."
+            )
+        if kind is bool:
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"{option!r}: {value!r} is no bool (true / false).")
+            fields[field] = value.lower() in ("true", "1")
+            continue
         try:
-            fields[field] = value.lower() in ("1", "true") if kind is bool else kind(value)
+            fields[field] = kind(value)
         except ValueError:
             raise ValueError(f"{option!r}: {value!r} is no {kind.__name__}.") from None
     return fields

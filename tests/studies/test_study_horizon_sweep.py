@@ -109,6 +109,9 @@ def test_estimator_options_set_their_train_fields():
         ("tree_grpo+tree_branches=x", "'tree_branches=x': 'x' is no int"),
         ("tree_grpo+branches=4", "'branches=4' \\(after \\+\\) is no 'field=value'"),
         ("tree_grpo+tree_branches=3", "tree_branches = 3 must divide group_size"),
+        ("grpo+reward_weights=1", "'reward_weights=1': reward_weights takes no value after \\+"),
+        ("grpo+kl_target=0.1", "'kl_target=0.1': kl_target takes no value after \\+"),
+        ("grpo+check_inputs=maybe", "'check_inputs=maybe': 'maybe' is no bool"),
     ]:
         config.estimators = spec
         with pytest.raises(ValueError, match=f"config.estimators: .*{message}"):
