@@ -43,7 +43,6 @@ import json
 import os
 import statistics
 import time
-import types
 
 import jax
 import numpy as np
@@ -55,15 +54,15 @@ from ml_collections import config_flags
 from experiments import bench_train
 from experiments import launch
 from experiments.studies.common import build as build_setup
+from experiments.studies.text_batch import QWEN25_05B
+from experiments.studies.text_batch import TINY_QWEN
+from experiments.studies.text_batch import text_trajectory
 from rlagent.host import provenance
 from rlagent.models import sharding
 from rlagent.models.llama import Llama
 from rlagent.models.llama import PolicyConfig
 from rlagent.text.chat import ChatFormat
-from rlagent.text.loop import Episode
 from rlagent.text.loop import TextConfig
-from rlagent.text.loop import TurnRecord
-from rlagent.text.loop import to_trajectory
 from rlagent.text.score import make_text_score
 from rlagent.text.update import make_text_update
 from rlagent.train.config import TrainConfig
@@ -95,15 +94,6 @@ FLOPS_FORMULA = (
     "per token: forward = 2 N + 4 L H d T, update = 3 x forward (N parameters, tied "
     "embedding once; L layers, H query heads of width d, T positions per row)"
 )
-QWEN25_05B = PolicyConfig(
-    vocab_size=151936, pad_id=151643, d_model=896, num_layers=24, num_heads=14,
-    num_kv_heads=2, mlp_dim=4864, rope_theta=1e6, norm_eps=1e-6, qkv_bias=True,
-    tie_embeddings=True, param_dtype="bfloat16", dtype="bfloat16",
-)  # fmt: skip
-TINY_QWEN = dataclasses.replace(
-    QWEN25_05B, vocab_size=512, pad_id=0, d_model=64, num_layers=2, num_heads=4,
-    num_kv_heads=2, mlp_dim=128,
-)  # fmt: skip
 QWEN25_END_ID, QWEN25_TOKENS = 151645, 151665  # <|im_end|>; len(tokenizer).
 GROUP_SIZE = 4  # GRPO episodes per prompt in the text batch.
 
@@ -272,30 +262,6 @@ def text_update(tiny: bool) -> dict:
         peak_memory_bytes=peak_memory(),
         metrics=metrics,
     )  # fmt: skip
-
-
-def text_trajectory(rng, *, batch, turns, obs_len, turn_len, tokenizer_size, chat) -> object:
-    """A text-loop `Trajectory` (`to_trajectory`) of random episodes: every turn reads
-    `obs_len` template ids and generates between half of `turn_len` and `turn_len` ids,
-    the last END (the rest cut); outcome 1 on the last turn of a random half."""
-    env = types.SimpleNamespace(max_turns=turns, signal_names=("outcome",))
-    ids = [i for i in range(min(tokenizer_size, 4096)) if i not in (chat.pad_id, chat.end_id)]
-    episodes = []
-    for _ in range(batch):
-        solved = float(rng.random() < 0.5)
-        records = []
-        for turn in range(turns):
-            length = int(rng.integers(turn_len // 2 + 1, turn_len + 1))
-            action = rng.choice(ids, length).tolist()
-            action[-1] = chat.end_id
-            last = turn == turns - 1
-            records.append(TurnRecord(
-                obs=rng.choice(ids, obs_len).tolist(), action=action, logp=[0.0] * length,
-                signals={"outcome": solved if last else 0.0}, done=last,
-            ))  # fmt: skip
-        episodes.append(Episode(env, [], [], [], [], records, [], []))
-    return to_trajectory(episodes, TextConfig(max_new_tokens=turn_len, obs_len=obs_len),
-                         chat.pad_id)  # fmt: skip
 
 
 def _timed(program, args: tuple, advance=None) -> dict:

@@ -158,6 +158,36 @@ def test_ppo_changes_the_parameters_and_resumes_exactly(toolworld_model, tmp_pat
         _run(_config("ppo", learning_rate=1e-3), part, toolworld_model, resume=True)
 
 
+def test_ppo_reads_its_critic_from_another_checkpoint_with_the_same_tokenizer(
+    toolworld_model, tmp_path
+):
+    """A smaller critic (d_model 16) beside the policy: its folder, shape and learning rate
+    are in provenance; a critic whose tokenizer is not the policy's is refused."""
+    small = tmp_path / "critic"
+    small.mkdir()
+    for name in os.listdir(toolworld_model):
+        if name != "config.json" and not name.endswith(".safetensors"):
+            shutil.copy(toolworld_model / name, small / name)
+    write_checkpoint(small, dataclasses.replace(QWEN, d_model=16, num_heads=2, mlp_dim=32))
+    config = _config("ppo", num_updates=1)
+    config.critic.update(model_dir=str(small), learning_rate=1e-3, warmup_updates=1)
+    rows = _run(config, tmp_path / "w", toolworld_model)
+    assert rows[0]["value_loss"] > 0 and np.isfinite(rows[0]["explained_variance"])
+    record = json.loads((tmp_path / "w" / "provenance.json").read_text())["config"]["critic"]
+    assert record["folder"] == str(small) and record["policy"]["d_model"] == 16
+    assert record["learning_rate"] == 1e-3 and record["warmup_updates"] == 1
+    # The warm-up update trained the critic only: the policy is the checkpoint's.
+    for before, after in zip(
+        _leaves(_params(tmp_path / "w", 0)), _leaves(_params(tmp_path / "w", 1)), strict=True
+    ):
+        np.testing.assert_array_equal(after, before)
+    foreign = _model_folder(tmp_path / "foreign", [], ["other words"], vocab_size=400)
+    config.critic.update(model_dir=str(foreign))
+    with pytest.raises(ValueError, match="its tokenizer is not the policy's"):
+        _run(config, tmp_path / "w2", toolworld_model)
+    assert not (tmp_path / "w2").exists()
+
+
 def test_online_dpo_with_the_lm_judge_trains_and_resumes_exactly(toolworld_model, tmp_path):
     """RLAIF in text mode: the checkpoint judges its own transcripts (log-odds of Yes)."""
     full = tmp_path / "full"
@@ -290,7 +320,15 @@ def test_a_bad_model_folder_is_refused_before_anything_is_written(toolworld_mode
 BAD_CONFIGS = {
     "algorithm": (lambda c: setattr(c, "algorithm", "a2c"), "config.algorithm must be one of"),
     "num_groups": (lambda c: c.train.update(num_groups=0), "TrainConfig.num_groups must be >= 1"),
-    "estimator": (lambda c: c.train.update(estimator="gae_turn"), "estimator='gae_turn'"),
+    "estimator": (lambda c: c.train.update(bootstrap_truncated=True, estimator="gae_turn"),
+                  "bootstrap_truncated"),
+    "critic": (lambda c: c.critic.update(warmup_updates=2), "config.critic is set"),
+    "critic_dir": (lambda c: (setattr(c, "algorithm", "ppo"), c.critic.update(model_dir="/no")),
+                   "config.critic.model_dir='/no' is not a folder"),
+    "critic_lr": (lambda c: (setattr(c, "algorithm", "ppo"), c.critic.update(learning_rate=0.0)),
+                  "CriticConfig.learning_rate must be > 0"),
+    "dpo_critic": (lambda c: (setattr(c, "algorithm", "online_dpo"),
+                              c.train.update(estimator="gae_turn")), "online DPO trains no critic"),
     "schedule": (lambda c: c.train.update(lr_schedule="cosine"), "lr_schedule must be"),
     "sampling": (lambda c: c.sampling.update(max_new_tokens=0), "TextConfig.max_new_tokens"),
     "dtype": (lambda c: c.model.update(dtype="int8"), "config.model.dtype"),

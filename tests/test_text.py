@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 pytest.importorskip("transformers")
 pytest.importorskip("jinja2")  # apply_chat_template renders with it
@@ -21,6 +22,7 @@ from text_helpers import tiny_text_policy  # noqa: E402
 from text_helpers import tiny_tokenizer  # noqa: E402
 
 from rlagent.models import PolicyConfig  # noqa: E402
+from rlagent.models import ValueLM  # noqa: E402
 from rlagent.models.sampler import Generation  # noqa: E402
 from rlagent.text import ChatTemplateError  # noqa: E402
 from rlagent.text import TextConfig  # noqa: E402
@@ -31,6 +33,7 @@ from rlagent.text import make_text_loop  # noqa: E402
 from rlagent.text.guess import GUESS_TOOL  # noqa: E402
 from rlagent.text.guess import GuessNumber  # noqa: E402
 from rlagent.text.score import make_text_score  # noqa: E402
+from rlagent.text.score import make_text_values  # noqa: E402
 from rlagent.train.config import TrainConfig  # noqa: E402
 from rlagent.train.estimators import estimate_advantages  # noqa: E402
 from rlagent.train.ppo import episode_metrics  # noqa: E402
@@ -166,6 +169,26 @@ def test_teacher_forced_scoring_gives_back_the_behaviour_log_probs(setup):
     mask = np.asarray(traj.loss_mask)
     np.testing.assert_allclose(logp[mask], np.asarray(traj.logp)[mask], atol=2e-5)
     assert np.all(logp[~mask] == 0)
+
+
+def test_critic_values_are_read_where_the_policy_read_each_generated_id(setup):
+    """V of generated id j of a transcript is the critic's value of the hidden state at
+    j - 1 (the state the id was sampled from): by hand on each unpadded transcript."""
+    critic = ValueLM(setup["config"], rngs=nnx.Rngs(2))
+    critic.value_head.kernel.set_value(jax.random.normal(jax.random.key(3), (32, 1)))
+    graphdef, params = nnx.split(critic)
+    traj = setup["loop"].trajectory(setup["episodes"])
+    values = np.asarray(make_text_values(setup["chat"], graphdef)(params, traj))
+    mask = np.asarray(traj.loss_mask)
+    assert np.all(values[~mask] == 0)
+    for b, episode in enumerate(setup["episodes"]):
+        tokens = jnp.asarray(episode.tokens)[None]
+        hidden, _ = critic.lm(critic.lm.embed(tokens), jnp.ones(tokens.shape, bool))
+        by_position = np.asarray(critic.values(hidden))[0]
+        generated = np.flatnonzero(np.asarray(episode.loss_mask))
+        assert generated.min() > 0 and len(generated) == mask[b].sum()
+        np.testing.assert_allclose(values[b][mask[b]], by_position[generated - 1], atol=2e-5)
+    assert np.std(values[mask]) > 0
 
 
 def test_a_fork_continues_identically_with_the_same_keys(setup):

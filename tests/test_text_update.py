@@ -2,6 +2,7 @@
 (rlagent.text.update): the sharding rule, and on 8 host devices the sharded update equal
 to the single-device one, with its parameters really split."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -11,8 +12,17 @@ import textwrap
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
+from experiments.studies.text_batch import TINY_QWEN
+from experiments.studies.text_batch import text_trajectory
+from rlagent.models import ValueLM
 from rlagent.models import sharding
+from rlagent.models.llama import Llama
+from rlagent.text.chat import ChatFormat
+from rlagent.text.loop import TextConfig
+from rlagent.text.score import make_text_score
+from rlagent.text.score import make_text_values
 from rlagent.text.update import make_text_update
 from rlagent.train.config import TrainConfig
 
@@ -65,13 +75,15 @@ SHARDED_SCRIPT = textwrap.dedent(
     sys.path.insert(0, {root!r})
     import jax, numpy as np
     from flax import nnx
-    from experiments.bench_accel import TINY_QWEN, text_trajectory
+    from experiments.studies.text_batch import TINY_QWEN, text_trajectory
     from rlagent.models import sharding
     from rlagent.models import Policy
+    from rlagent.models import ValueLM
     from rlagent.models.llama import Llama
     from rlagent.text.chat import ChatFormat
     from rlagent.text.loop import TextConfig
     from rlagent.text.score import make_text_score
+    from rlagent.text.score import make_text_values
     from rlagent.text.update import make_text_update
     from rlagent.train.config import TrainConfig
     assert len(jax.devices()) == 8
@@ -85,8 +97,10 @@ SHARDED_SCRIPT = textwrap.dedent(
                          kl_placement="loss", kl_coef=0.1, learning_rate=1e-3)
     trajectory = text_trajectory(np.random.default_rng(1), batch=16, turns=2, obs_len=12,
                                  turn_len=8, tokenizer_size=500, chat=chat)
-    # "check": one on-policy step without KL, whose loss the test recomputes by hand.
+    # "check": one GRPO on-policy step without KL, whose loss the test recomputes by hand;
+    # the others: PPO with token-level GAE from a critic (ValueLM) on the policy's mesh.
     check = dataclasses.replace(config, num_epochs=1, num_minibatches=1, kl_coef=0.0)
+    config = dataclasses.replace(config, estimator="gae_token")
     eight = sharding.fsdp_mesh(data=2)
     roles = sharding.role_meshes(jax.devices()[:6], split=True)  # 3 meshes of 2 devices.
     runs = (("one", None, None, config), ("eight", eight, eight, config),
@@ -94,11 +108,13 @@ SHARDED_SCRIPT = textwrap.dedent(
     out = {{}}
     for name, mesh, ref_mesh, config in runs:
         build = lambda: Llama(policy, rngs=nnx.Rngs(0))
+        critic_graphdef, critic = nnx.split(ValueLM(policy, rngs=nnx.Rngs(1)))
         if mesh is None:
             graphdef, params = nnx.split(build())
             ref_params = jax.tree.map(lambda x: x.copy(), params)
             batch = ref_batch = trajectory
         else:
+            critic = sharding.shard_params(critic, mesh)
             graphdef, params = sharding.init_sharded(build, mesh)
             # The same initial weights, laid out on the reference's mesh (no second init).
             ref_params = sharding.shard_params(jax.tree.map(lambda x: x.copy(), params),
@@ -106,8 +122,10 @@ SHARDED_SCRIPT = textwrap.dedent(
             batch = sharding.shard_batch(trajectory, mesh)
         score = make_text_score(chat, graphdef, policy, text)
         batch = batch._replace(logp=score(params, batch))
-        program = make_text_update(config, score, mesh=mesh, reference_mesh=ref_mesh)
-        state = program.init(params)
+        values = make_text_values(chat, critic_graphdef) if config.uses_critic else None
+        program = make_text_update(config, score, values=values, mesh=mesh,
+                                   reference_mesh=ref_mesh)
+        state = program.init(params, critic if config.uses_critic else None)
         if mesh is not None:
             ref_batch = sharding.shard_batch(batch, ref_mesh)
         ref_logp = program.reference(ref_params, ref_batch)
@@ -120,7 +138,7 @@ SHARDED_SCRIPT = textwrap.dedent(
         if mesh is not None:  # the reference's log-probs onto the policy's mesh.
             ref_logp = sharding.shard_batch(ref_logp, mesh)
         state, metrics = program.update(state, batch, ref_logp)
-        leaves = jax.tree.leaves(state.params)
+        leaves = jax.tree.leaves((state.params, state.critic))
         big = max(leaves, key=lambda x: x.size)
         out[name] = dict(
             metrics={{k: float(v) for k, v in metrics.items()}},
@@ -156,11 +174,13 @@ def sharded_run():
 
 
 def test_sharded_text_update_matches_single_device(sharded_run):
-    """FSDP over a (2, 4) mesh: the same metrics and parameters as on one device."""
+    """FSDP over a (2, 4) mesh: the same metrics and parameters (policy and critic) of a
+    PPO update with a critic as on one device."""
     one, sharded = sharded_run["one"], sharded_run["eight"]
     for key, value in one["metrics"].items():
         assert sharded["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
     assert one["metrics"]["grad_norm"] > 0 and one["metrics"]["kl_loss"] > 0  # it moved.
+    assert one["metrics"]["value_loss"] > 0 and one["metrics"]["critic_grad_norm"] > 0
     one_params, sharded_params = (np.concatenate(run["params"]) for run in (one, sharded))
     # AdamW normalises each element's step, so an element whose gradient is at rounding
     # level may step differently (by up to the learning rate, 1e-3, per step); all others
@@ -200,3 +220,64 @@ def test_text_update_loss_is_grpo_on_generated_tokens(sharded_run):
     assert check["metrics"]["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
     assert check["metrics"]["policy_loss"] == pytest.approx(expected, abs=1e-5)
     assert check["metrics"]["tokens"] == mask.sum()
+
+
+def _tiny_critic_setup():
+    """A one-layer policy and critic (ValueLM) of TINY_QWEN's family and a batch of two
+    groups of 4 random two-turn episodes, outcome 1 on the last turn of some."""
+    policy = dataclasses.replace(TINY_QWEN, param_dtype="float32", dtype="float32", num_layers=1)
+    chat = ChatFormat(None, end_id=1, pad_id=0, vocab_size=500)
+    trajectory = text_trajectory(np.random.default_rng(3), batch=8, turns=2, obs_len=6,
+                                 turn_len=6, tokenizer_size=500, chat=chat)  # fmt: skip
+    graphdef, params = nnx.split(Llama(policy, rngs=nnx.Rngs(0)))
+    critic_graphdef, critic = nnx.split(ValueLM(policy, rngs=nnx.Rngs(1)))
+    score = make_text_score(chat, graphdef, policy, TextConfig(max_new_tokens=6, obs_len=6))
+    trajectory = trajectory._replace(logp=score(params, trajectory))
+    return score, make_text_values(chat, critic_graphdef), params, critic, trajectory
+
+
+def test_the_critic_regresses_the_returns_and_warms_up_alone():
+    score, values, params, critic, batch = _tiny_critic_setup()
+    config = TrainConfig(num_groups=2, group_size=4, reward="outcome", estimator="gae_token",
+                         gamma=1.0, lam=1.0, value_clip=None, num_epochs=1, num_minibatches=1,
+                         entropy_coef=0.0, kl_coef=0.0, learning_rate=1e-2)  # fmt: skip
+    program = make_text_update(config, score, values=values, critic_warmup=2)
+    start = [np.asarray(x) for x in jax.tree.leaves(params)]
+    ref_logp = program.reference(params, batch)
+    state = program.init(params, critic)
+    # V = 0 before the first step (the head starts at zero) and, with gamma = lam = 1 and
+    # no KL, every generated token's target is its episode's outcome: the first value
+    # loss is 0.5 x the token-mean of outcome^2 by hand, and nothing is explained.
+    mask = np.asarray(batch.loss_mask)
+    outcome = np.asarray(batch.signals["outcome"]).sum(axis=1)
+    assert 0 < outcome.mean() < 1
+    expected = 0.5 * np.sum(mask * outcome[:, None, None] ** 2) / mask.sum()
+    rows = []
+    for update in range(12):
+        state, metrics = program.update(state, batch, ref_logp)
+        rows.append({k: float(v) for k, v in metrics.items()})
+        moved = [not np.array_equal(a, np.asarray(b)) for a, b in
+                 zip(start, jax.tree.leaves(state.params), strict=True)]  # fmt: skip
+        assert any(moved) == (update >= 2), update  # the policy waits out the warm-up.
+    assert rows[0]["value_loss"] == pytest.approx(expected, rel=1e-5)
+    assert rows[0]["value_mean"] == 0.0 and rows[0]["explained_variance"] == pytest.approx(0.0)
+    assert rows[0]["critic_grad_norm"] > 0
+    # The critic fits the batch it keeps seeing (the values, not just their mean).
+    assert rows[-1]["value_loss"] < 0.3 * rows[0]["value_loss"], [r["value_loss"] for r in rows]
+    assert rows[-1]["explained_variance"] > 0.5, [r["explained_variance"] for r in rows]
+
+
+@pytest.mark.parametrize(
+    "fields,kwargs,match",
+    [
+        (dict(estimator="grpo"), dict(values=True), "reads no values"),
+        (dict(estimator="gae_token", bootstrap_truncated=True), dict(values=True),
+         "bootstrap_truncated"),
+        (dict(estimator="grpo"), dict(critic_warmup=2), "critic_warmup"),
+    ],
+)  # fmt: skip
+def test_text_update_refuses_a_critic_it_cannot_use(fields, kwargs, match):
+    config = TrainConfig(**{"entropy_coef": 0.0, **fields})
+    values = (lambda params, trajectory: None) if kwargs.pop("values", False) else None
+    with pytest.raises(ValueError, match=match):
+        make_text_update(config, lambda params, trajectory: None, values=values, **kwargs)

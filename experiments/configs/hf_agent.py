@@ -14,7 +14,9 @@ temperature), `train` (the update: rlagent.train.config.TrainConfig fields: upda
 tasks per update = num_groups, group_size, learning rate, KL to the reference, ...; the
 fields left None take the algorithm's values, rlagent.text.train.ALGORITHMS) and `model`
 (parameter dtype, rematerialisation; end-of-turn and padding tokens, '' = the tokenizer's
-eos / pad token), `mesh` (FSDP over local devices: `--config.mesh.devices=-1` for all).
+eos / pad token), `mesh` (FSDP over local devices: `--config.mesh.devices=-1` for all),
+`critic` (PPO's value model, rlagent.text.critic.CriticConfig: its checkpoint folder,
+learning rate, warm-up updates; read when the estimator reads values, as ppo's gae_token).
 """
 
 import ml_collections
@@ -22,6 +24,7 @@ from ml_collections import config_dict
 
 from experiments.studies.sections import section
 from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.text.critic import CriticConfig
 from rlagent.text.judge import QUESTION
 from rlagent.text.loop import TextConfig
 from rlagent.train.config import TrainConfig
@@ -79,6 +82,12 @@ def get_config() -> ml_collections.ConfigDict:
             num_epochs=1,
         )
     )  # fmt: skip
+
+    # PPO's critic (rlagent.text.critic): a value model with its own AdamW, read when the
+    # estimator reads values (ppo's default gae_token; gae_turn, hierarchical). model_dir
+    # '' = the policy's checkpoint (another folder must share its tokenizer); learning_rate
+    # None = train.learning_rate; warmup_updates: first updates that train the critic only.
+    config.critic = section(CriticConfig)
 
     # The update (rlagent.train.config.TrainConfig); None: the algorithm's value.
     config.train = section(

@@ -22,6 +22,7 @@ from rlagent.models import sharding
 from rlagent.preference.dpo import DPOConfig
 from rlagent.preference.judges import judge_weights
 from rlagent.text import train as text_train
+from rlagent.text.critic import CriticConfig
 from rlagent.text.loop import TextConfig
 from rlagent.train.config import TrainConfig
 from rlagent.train.evaluation import EvalConfig
@@ -41,6 +42,7 @@ def run(
     device_mesh = mesh(config)  # a bad mesh section is refused before the checkpoint is read.
     dpo = preference(config, train_config)  # refuses bad online DPO settings first.
     evaluation = make(EvalConfig, config.eval.to_dict(), "eval")
+    critic = make(CriticConfig, config.critic.to_dict(), "critic")
     model = config.model
     agent = text_train.check_model(
         model_dir, tasks.tools, dtype=model.dtype, end_token=model.end_token or None,
@@ -49,7 +51,7 @@ def run(
     return text_train.run_text(
         train_config, text_config, tasks, agent, workdir=workdir, seed=config.seed,
         algorithm=config.algorithm, resume=resume, overwrite=overwrite, progress=progress,
-        evaluation=evaluation, preference=dpo, mesh=device_mesh,
+        evaluation=evaluation, preference=dpo, mesh=device_mesh, critic=critic,
     )  # fmt: skip
 
 

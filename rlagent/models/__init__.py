@@ -6,6 +6,7 @@ from rlagent.models.llama import PolicyConfig
 from rlagent.models.llama import init_cache
 from rlagent.models.policy import ContextLM
 from rlagent.models.policy import Policy
+from rlagent.models.policy import ValueLM
 from rlagent.models.policy import observed_tokens
 from rlagent.models.policy import visible_observations
 from rlagent.models.sampler import Generation

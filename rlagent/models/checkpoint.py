@@ -2,6 +2,7 @@
 
     llama, config = load_pretrained("path/to/Qwen2.5-0.5B", dtype=jnp.bfloat16)
     policy, config = load_policy("path/to/Llama-3.2-1B", value_head="separate")
+    critic, config = load_value_model("path/to/Qwen2.5-0.5B")   # text mode's critic
 
 A checkpoint folder holds `config.json` and either `model.safetensors` or the shards that
 `model.safetensors.index.json` lists (`weight_map`: tensor name -> shard file). The
@@ -38,6 +39,7 @@ from rlagent.models.hf import policy_config_from_hf
 from rlagent.models.llama import Llama
 from rlagent.models.llama import PolicyConfig
 from rlagent.models.policy import Policy
+from rlagent.models.policy import ValueLM
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -97,20 +99,36 @@ def load_policy(
     Arguments as `load_pretrained`; `config_fields` may set `value_head`, `summary_dim`, ...
     """
     checkpoint = read_checkpoint(model_dir, **_dtype_fields(dtype, compute_dtype), **config_fields)
-    config = checkpoint.config
+    policy = _around_trunks(lambda: Policy(checkpoint.config, rngs=nnx.Rngs(seed)), checkpoint)
+    return policy, checkpoint.config
 
-    def build() -> Policy:
-        return Policy(config, rngs=nnx.Rngs(seed))
 
-    policy = nnx.eval_shape(build)
+def load_value_model(
+    model_dir: str | pathlib.Path,
+    *,
+    dtype: Any = jnp.float32,
+    compute_dtype: Any = None,
+    **config_fields: Any,
+) -> tuple[ValueLM, PolicyConfig]:
+    """A `ValueLM` (critic) whose trunk is an HF checkpoint's (no LM head) and whose value
+    head is zero; arguments as `load_pretrained`."""
+    checkpoint = read_checkpoint(model_dir, **_dtype_fields(dtype, compute_dtype), **config_fields)
+    critic = _around_trunks(lambda: ValueLM(checkpoint.config, rngs=nnx.Rngs(0)), checkpoint)
+    return critic, checkpoint.config
+
+
+def _around_trunks(build: Any, checkpoint: Checkpoint) -> Any:
+    """The module `build()` with every Llama trunk in it (modules at a path ending `lm`)
+    read from `checkpoint` and the rest initialised as `build` does."""
+    module = nnx.eval_shape(build)
     not_trunk = nnx.Not(nnx.PathContains("lm"))
     # Only the non-trunk state is an output: XLA drops the trunks' random initialisation.
-    nnx.update(policy, jax.jit(lambda: nnx.state(build(), not_trunk))())
-    for context in (policy.actor, policy.critic):
-        if context is not None:
-            _read_trunk(context.lm, checkpoint)
-    _check_concrete(policy)
-    return policy, config
+    nnx.update(module, jax.jit(lambda: nnx.state(build(), not_trunk))())
+    for _, trunk in nnx.iter_graph(module):
+        if isinstance(trunk, Llama):
+            _read_trunk(trunk, checkpoint)
+    _check_concrete(module)
+    return module
 
 
 def read_checkpoint(model_dir: str | pathlib.Path, **config_fields: Any) -> Checkpoint:

@@ -93,6 +93,31 @@ def visible_observations(observed: jax.Array, window: int | None) -> jax.Array:
     return visible
 
 
+class ValueLM(nnx.Module):
+    """A Llama trunk without LM head and a scalar value head: a critic model on plain token
+    sequences (text mode's, `rlagent.text.critic`), no state encoder.
+
+    The head starts at zero (V = 0 everywhere before the first update), so a critic loaded
+    from a checkpoint is a function of that checkpoint alone.
+    """
+
+    def __init__(self, config: PolicyConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.lm = Llama(config, lm_head=False, rngs=rngs)
+        self.value_head = nnx.Linear(
+            config.d_model,
+            1,
+            use_bias=True,
+            kernel_init=nnx.initializers.zeros_init(),
+            param_dtype=jnp.dtype(config.param_dtype),
+            rngs=rngs,
+        )
+
+    def values(self, hidden: jax.Array) -> jax.Array:
+        """[..., D] final hidden states -> [...] float32 state values."""
+        return self.value_head(hidden)[..., 0].astype(jnp.float32)
+
+
 class Policy(nnx.Module):
     """Actor LM with a shared value head, or actor + separate critic (`config.value_head`)."""
 

@@ -6,6 +6,7 @@ from rlagent.text.chat import ChatTemplateError
 from rlagent.text.chat import MessageSpan
 from rlagent.text.chat import check_vocab
 from rlagent.text.chat import make_chat
+from rlagent.text.critic import CriticConfig
 from rlagent.text.loop import Episode
 from rlagent.text.loop import TextConfig
 from rlagent.text.loop import TextEnvironment

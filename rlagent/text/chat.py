@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from rlagent.models.hf import CheckpointError
 from rlagent.models.llama import PolicyConfig
 
 Message = dict[str, Any]  # {"role": ..., "content": ...} as `apply_chat_template` reads it.
@@ -186,6 +187,19 @@ class ChatFormat:
                 f"the chat template rendered the padding token (id {self.pad_id}) inside a "
                 "message; the padding token must be one the template never emits"
             )
+
+
+def load_tokenizer(model_dir: str) -> Any:
+    """The folder's own tokenizer (`transformers.AutoTokenizer`, local files only)."""
+    import transformers  # the `hf` extra: imported where a tokenizer is read.
+
+    try:
+        return transformers.AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        first = str(error).strip().splitlines()[0][:200] if str(error).strip() else repr(error)
+        raise CheckpointError(
+            f"{model_dir}: no tokenizer transformers can load ({first})"
+        ) from None
 
 
 def make_chat(

@@ -8,11 +8,15 @@ front in order, runs the LM once over the packed rows (causal, the pads after th
 attended to) and scatters the log-probs of generated ids back to `[B, S, L]`. With the
 loop's temperature and sampling mask these are the behaviour log-probs up to float
 rounding (`tests/test_text.py`), the ratio's denominator of a text-mode PPO.
+
+`make_text_values` runs a critic (`rlagent.models.policy.ValueLM`) over the same packed
+transcripts and scatters its values back the same way: text-mode PPO's V.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -38,22 +42,60 @@ def make_text_score(
     @jax.jit
     def score(params: nnx.State, trajectory: Trajectory) -> jax.Array:
         lm = as_llama(nnx.merge(graphdef, params))
-        view = token_view(trajectory)
-        order, packed, valid = pack_transcripts(view, chat.pad_id)
-        hidden, _ = lm(lm.embed(packed), valid)
+        packed, hidden = _packed_hidden(lm, trajectory, chat.pad_id)
         log_pi = policy_log_probs(
             lm.logits(hidden[:, :-1]), temperature=config.temperature, mask=logits_mask
         )
-        token_logp = jnp.take_along_axis(log_pi, packed[:, 1:, None], axis=-1)[..., 0]
-        token_logp = jnp.pad(token_logp, ((0, 0), (1, 0)))  # position 0 is predicted by none.
-        rows = jnp.arange(order.shape[0])[:, None]
-        unpacked = jnp.zeros_like(token_logp).at[rows, order].set(token_logp)
-        unpacked = jnp.where(view.loss_mask, unpacked, 0.0)
+        token_logp = jnp.take_along_axis(log_pi, packed.tokens[:, 1:, None], axis=-1)[..., 0]
+        return packed.generated(token_logp, trajectory)
+
+    return score
+
+
+def make_text_values(
+    chat: ChatFormat, graphdef: nnx.GraphDef
+) -> Callable[[nnx.State, Trajectory], jax.Array]:
+    """`values(critic_params, trajectory) -> [B, S, L]` float32 V of a `ValueLM` critic
+    (`rlagent.models.policy`) at each generated id (0 elsewhere): the value of a token is
+    read from the hidden state that predicts it (the state before the policy emitted it),
+    as the policy's log-prob is, so V at a turn's first id is the value of the transcript
+    the turn was sampled from."""
+
+    @jax.jit
+    def values(params: nnx.State, trajectory: Trajectory) -> jax.Array:
+        critic = nnx.merge(graphdef, params)
+        packed, hidden = _packed_hidden(critic.lm, trajectory, chat.pad_id)
+        return packed.generated(critic.values(hidden[:, :-1]), trajectory)
+
+    return values
+
+
+class Packed(NamedTuple):
+    """A trajectory's transcripts packed to the front of each row (`pack_transcripts`)."""
+
+    order: jax.Array  # [B, T] int32: packed position t holds the token_view's order[t].
+    tokens: jax.Array  # [B, T] int32.
+    valid: jax.Array  # [B, T] bool.
+    loss_mask: jax.Array  # [B, T] bool: the token_view's generated positions.
+
+    def generated(self, predicted: jax.Array, trajectory: Trajectory) -> jax.Array:
+        """`[B, T - 1]` predictions made at packed positions 0..T-2 (each of the token
+        after it) -> `[B, S, L]` at the generated ids they predict, 0 elsewhere."""
+        predicted = jnp.pad(predicted, ((0, 0), (1, 0)))  # position 0 is predicted by none.
+        rows = jnp.arange(self.order.shape[0])[:, None]
+        unpacked = jnp.zeros_like(predicted).at[rows, self.order].set(predicted)
+        unpacked = jnp.where(self.loss_mask, unpacked, 0.0)
         batch, turns, turn_len = trajectory.action_tokens.shape
         per_turn = unpacked.reshape(batch, turns, -1)
         return per_turn[..., per_turn.shape[-1] - turn_len :]
 
-    return score
+
+def _packed_hidden(lm, trajectory: Trajectory, pad_id: int) -> tuple[Packed, jax.Array]:
+    """The trajectory's packed transcripts and the trunk's `[B, T, D]` hidden states."""
+    view = token_view(trajectory)
+    order, tokens, valid = pack_transcripts(view, pad_id)
+    hidden, _ = lm(lm.embed(tokens), valid)
+    return Packed(order, tokens, valid, view.loss_mask), hidden
 
 
 def pack_transcripts(view, pad_id: int) -> tuple[jax.Array, jax.Array, jax.Array]:

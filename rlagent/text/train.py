@@ -9,13 +9,15 @@ the text update trains on it, the host writes metrics and checkpoints (docs/text
 Every update u: `num_groups` tasks drawn with `np.random.default_rng([seed, u])`, each
 played by `group_size` episodes (`rlagent.text.loop`, keys `fold_in(key(seed), u)`); the
 reference's log-probs (the checkpoint as loaded, frozen) and the update
-(`rlagent.text.update`: rewards, the project's estimators, PPO-clip, KL to the reference);
-one metric row and one checkpoint. Everything random is a function of (seed, update), so
-a resumed run (`--resume`: the policy and optimiser state of the newest checkpoint) equals
-an uninterrupted one. The run folder is the host loop's (`rlagent.host.loop.open_run`,
-`run_files`): a non-empty folder refused without resume / overwrite, `provenance.json`,
-metrics.csv, Orbax checkpoints (step 0, the start, and the newest two), a non-finite loss
-stopping the run with `Diverged`.
+(`rlagent.text.update`: rewards, the project's estimators, PPO-clip, KL to the reference;
+with a critic-based estimator, as PPO's default, a separate critic model of
+`rlagent.text.critic` trained beside the policy); one metric row and one checkpoint.
+Everything random is a function of (seed, update), so a resumed run (`--resume`: the
+policy, critic and optimiser states of the newest checkpoint) equals an uninterrupted one.
+The run folder is the host loop's (`rlagent.host.loop.open_run`, `run_files`): a non-empty
+folder refused without resume / overwrite, `provenance.json`, metrics.csv, Orbax
+checkpoints (step 0, the start, and the newest two), a non-finite loss stopping the run
+with `Diverged`.
 
 With a mesh (`run_text(mesh=...)`, `rlagent.models.sharding.fsdp_mesh`) the policy, the
 reference and the optimiser state live in FSDP layout over its devices: the text loop's
@@ -57,7 +59,13 @@ from rlagent.preference.judges import make_judge
 from rlagent.text import bfcl
 from rlagent.text.chat import ChatFormat
 from rlagent.text.chat import check_vocab
+from rlagent.text.chat import load_tokenizer
 from rlagent.text.chat import make_chat
+from rlagent.text.critic import CheckedCritic
+from rlagent.text.critic import CriticConfig
+from rlagent.text.critic import check_critic
+from rlagent.text.critic import load_critic
+from rlagent.text.critic import provenance_record as critic_record
 from rlagent.text.judge import QUESTION
 from rlagent.text.judge import answer_ids
 from rlagent.text.judge import make_lm_judge
@@ -67,8 +75,10 @@ from rlagent.text.loop import TextLoop
 from rlagent.text.loop import make_text_loop
 from rlagent.text.preference import make_text_dpo
 from rlagent.text.score import make_text_score
+from rlagent.text.score import make_text_values
 from rlagent.text.toolworld import ToolWorldText
 from rlagent.text.update import TextTrainState
+from rlagent.text.update import adamw
 from rlagent.text.update import check_config
 from rlagent.text.update import make_text_update
 from rlagent.train.config import TrainConfig
@@ -80,12 +90,13 @@ from rlagent.train.rewards import check_forms
 from rlagent.train.rewards import turn_rewards
 
 # The update of each algorithm: TrainConfig fields a config leaves unset (None) take these.
-# Text trajectories have no values (no critic pass yet), so PPO is PPO-clip over several
-# epochs of minibatches with REINFORCE++ advantages (discounted returns whitened over the
-# batch) instead of GAE; GRPO is one on-policy step on group-relative advantages.
+# PPO is PPO-clip over several epochs of minibatches with token-level GAE from a separate
+# critic model (`rlagent.text.critic`; estimator gae_turn / hierarchical read it too, and
+# a critic-free estimator such as reinforce_pp runs PPO without one); GRPO is one
+# on-policy step on group-relative advantages.
 ALGORITHMS: dict[str, dict[str, Any]] = {
     "grpo": dict(estimator="grpo", num_epochs=1, num_minibatches=1),
-    "ppo": dict(estimator="reinforce_pp", num_epochs=2, num_minibatches=2),
+    "ppo": dict(estimator="gae_token", num_epochs=2, num_minibatches=2),
     # Online DPO / RLAIF (`Preference`, rlagent.text.preference): the TrainConfig sizes the
     # batch (num_groups tasks x group_size episodes) and prices the judges' reward forms.
     "online_dpo": dict(estimator="grpo", num_epochs=1, num_minibatches=1),
@@ -135,7 +146,9 @@ def train_config(algorithm: str, **fields: Any) -> TrainConfig:
     preset = {"entropy_coef": 0.0, **ALGORITHMS[algorithm]}
     values = {**preset, **{k: v for k, v in fields.items() if v is not None}}
     config = TrainConfig(**values)
-    check_config(config)  # what a text batch cannot serve (a critic, an entropy bonus).
+    # What a text batch cannot serve (an entropy bonus, ...); a critic comes with an
+    # estimator that reads values (`rlagent.text.critic`).
+    check_config(config, critic=config.uses_critic)
     if config.lr_schedule != "constant" or config.warmup_updates:
         raise ValueError(
             "TrainConfig.lr_schedule must be 'constant' and warmup_updates 0: the text update "
@@ -227,25 +240,12 @@ def check_model(
     return AgentModel(os.path.abspath(model_dir), chat, found, digest)
 
 
-def load_tokenizer(model_dir: str) -> Any:
-    """The folder's own tokenizer (`transformers.AutoTokenizer`, local files only)."""
-    import transformers  # the `hf` extra: imported where a tokenizer is read.
-
-    try:
-        return transformers.AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    except (OSError, ValueError, TypeError, KeyError) as error:
-        first = str(error).strip().splitlines()[0][:200] if str(error).strip() else repr(error)
-        raise CheckpointError(
-            f"{model_dir}: no tokenizer transformers can load ({first})"
-        ) from None
-
-
 def run_text(
     config: TrainConfig, text_config: TextConfig, tasks: TaskSet, model: AgentModel, *,
     workdir: str, seed: int = 0, algorithm: str = "", resume: bool = False,
     overwrite: bool = False, tensorboard: bool = True, progress: bool = True,
     evaluation: EvalConfig = EvalConfig(), preference: Preference | None = None,
-    mesh: jax.sharding.Mesh | None = None,
+    mesh: jax.sharding.Mesh | None = None, critic: CriticConfig = CriticConfig(),
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Trains `config.num_updates` updates (module docstring); returns every metric row.
 
@@ -273,6 +273,7 @@ def run_text(
     TextLoop(model.chat, text_config, sample=None).start(first, env_seed)
     eval_tasks = eval_task_list(tasks, evaluation)  # refuses before anything is written.
     check_mesh(mesh, config, preference)
+    checked = critic_of(config, critic, model, preference)
     if preference is not None and preference.judge == "lm":  # the same for the LM judge.
         answer_ids(model.chat, "Yes", "No")
         question_tokens(model.chat, preference.question)
@@ -283,13 +284,15 @@ def run_text(
                    policy=dataclasses.asdict(model.checkpoint.config)),
         seed=int(seed), algorithm=algorithm,
         mesh=None if mesh is None else dict(mesh.shape),
+        critic=None if checked is None else critic_record(checked),
     )  # fmt: skip
     resume, record = host_loop.open_run(
         workdir, resolved, lr_schedule=config.lr_schedule, resume=resume, overwrite=overwrite
     )
     run, params = make_text_run(
-        config, text_config, tasks, model, seed=seed, preference=preference, mesh=mesh
-    )
+        config, text_config, tasks, model, seed=seed, preference=preference, mesh=mesh,
+        critic=critic,
+    )  # fmt: skip
     runs = [(algorithm or config.estimator, int(seed))]
     with host_loop.run_files(
         workdir, run.init(params), runs, resume=resume, tensorboard=tensorboard
@@ -326,21 +329,25 @@ class TextRun(NamedTuple):
     seed: int
     preference: Preference | None = None
     ref_score: Any = None  # jitted (params, trajectory) -> [B, S, L] log pi (online DPO).
+    critic: Any = None  # the critic's initial parameters (a critic-based estimator's).
 
     def init(self, params: nnx.State) -> Any:
-        """The trained state of the initial parameters."""
+        """The trained state of the initial parameters (and the run's critic)."""
         if self.preference is None:
-            return self.program.init(params)
+            return self.program.init(params, self.critic)
         return self.program.init(params, jax.random.key(self.seed))
 
 
 def make_text_run(
     config: TrainConfig, text_config: TextConfig, tasks: TaskSet, model: AgentModel, *,
     seed: int = 0, preference: Preference | None = None, mesh: jax.sharding.Mesh | None = None,
+    critic: CriticConfig = CriticConfig(),
 ) -> tuple[TextRun, nnx.State]:  # fmt: skip
     """Loads the checked model: `(its TextRun, the initial policy parameters)`; with `mesh`
-    the parameters in FSDP layout over it (`check_mesh`)."""
+    the parameters in FSDP layout over it (`check_mesh`); with a critic-based estimator
+    the critic of `critic` too (`rlagent.text.critic`, held by the TextRun)."""
     check_mesh(mesh, config, preference)
+    checked = critic_of(config, critic, model, preference)
     llama, policy_config = checkpoint.load_pretrained(
         model.model_dir, dtype=jnp.dtype(model.checkpoint.config.param_dtype),
         pad_id=model.chat.pad_id, remat=model.checkpoint.config.remat,
@@ -349,8 +356,9 @@ def make_text_run(
     if mesh is not None:
         params = sharding.shard_params(params, mesh)
     score = make_text_score(model.chat, graphdef, policy_config, text_config)
+    critic_params = None
     if preference is None:
-        program = make_text_update(config, score, mesh=mesh)
+        program, critic_params = _update_program(config, score, model, checked, mesh)
     else:
         preference = _sized(preference, config)
         program = _dpo_program(config, score, model, (graphdef, policy_config), preference)
@@ -362,9 +370,42 @@ def make_text_run(
         program=program,
         reference=jax.tree.map(jnp.copy, params),  # the update donates the state.
         config=config, tasks=tasks, seed=int(seed), preference=preference,
-        ref_score=None if preference is None else score,
+        ref_score=None if preference is None else score, critic=critic_params,
     )  # fmt: skip
     return run, params
+
+
+def critic_of(
+    config: TrainConfig, critic: CriticConfig, model: AgentModel, preference: Preference | None
+) -> CheckedCritic | None:
+    """The checked critic of a critic-based estimator (None for a critic-free one); refuses
+    critic settings a run would not read, and online DPO with a critic."""
+    if not config.uses_critic:
+        if critic != CriticConfig():
+            raise ValueError(
+                f"config.critic is set but TrainConfig.estimator={config.estimator!r} reads no "
+                "values (no critic is trained); leave config.critic at its defaults"
+            )
+        return None
+    if preference is not None:
+        raise ValueError("online DPO trains no critic: use a critic-free estimator (grpo)")
+    return check_critic(critic, model)
+
+
+def _update_program(config, score, model: AgentModel, critic: CheckedCritic | None, mesh):
+    """`(TextUpdate, the critic's initial parameters or None)` of a PPO / GRPO run."""
+    if critic is None:
+        return make_text_update(config, score, mesh=mesh), None
+    graphdef, params = load_critic(critic)
+    if mesh is not None:
+        params = sharding.shard_params(params, mesh)
+    learning_rate = critic.config.learning_rate or config.learning_rate
+    program = make_text_update(
+        config, score, values=make_text_values(model.chat, graphdef),
+        critic_optimizer=adamw(config, learning_rate), critic_warmup=critic.config.warmup_updates,
+        mesh=mesh,
+    )  # fmt: skip
+    return program, params
 
 
 def check_mesh(

@@ -1,23 +1,30 @@
-"""A policy-gradient update on text-mode trajectories (GRPO / PPO-clip, critic-free).
+"""A policy-gradient update on text-mode trajectories (GRPO, REINFORCE++, PPO with a critic).
 
 The text loop plays episodes on the host (`rlagent.text.loop`) and lays them out as the
 trainer's `Trajectory`; this update trains on such a batch with the trainer's own pieces:
 
+    values     = critic(trajectory)                                      # [B, S, L], if any
     rewards    = train.rewards.turn_rewards(trajectory, config)          # [B, S]
     advantages = train.estimators.estimate_advantages(...)               # [B, S, L]
     loss       = losses.ppo_policy_loss(log pi, behaviour log pi, A, loss_mask)
                  + kl_coef * aggregate(losses.kl_penalty(log pi, log pi_ref))   # 'loss'
+    critic     : losses.value_loss(V, V_old, value targets, loss_mask), its own optimiser
 
-with `config` a `TrainConfig` (estimator `grpo`, `drgrpo`, `rloo`, `reinforce_pp`,
-`gigpo`: a text batch has no values), log pi from a teacher-forced scorer such as
+with `config` a `TrainConfig`, log pi from a teacher-forced scorer such as
 `rlagent.text.score.make_text_score` (the policy's generated tokens only: `loss_mask`),
 and the frozen reference's log-probs computed by `TextUpdate.reference`, a program of
 its own, so that the reference may live on its own mesh (`rlagent.models.sharding`).
-Each call runs `num_epochs` passes over `num_minibatches` contiguous minibatches (a
-group's episodes stay together), one AdamW step each (`train.ppo.guarded_step`: a
-non-finite step leaves the state as it was).
+A critic-free estimator (`grpo`, `drgrpo`, `rloo`, `reinforce_pp`, `gigpo`) needs no
+values; a critic-based one (`gae_token`, `gae_turn`, `hierarchical`) needs `values`, a
+separate critic model (`rlagent.text.score.make_text_values` of a
+`rlagent.models.policy.ValueLM`, as InstructGPT-style PPO keeps one), whose values at
+sampling time (`V_old`, computed once before the epochs) feed the estimator and the value
+clipping. Each call runs `num_epochs` passes over `num_minibatches` contiguous minibatches
+(a group's episodes stay together), one AdamW step of the policy and one of the critic
+each (`train.ppo.guarded_step`: a non-finite step leaves that state as it was). During
+the first `critic_warmup` updates only the critic steps (the policy's step is discarded).
 
-With a mesh the parameters and optimiser state stay in their FSDP layout through the
+With a mesh the parameters and optimiser states stay in their FSDP layout through the
 update (`sharding.constrain_params`) and the batch is split along its episodes
 (`sharding.constrain_batch`); the result equals the single-device update up to float
 rounding (`tests/test_text_update.py`, 8 host devices).
@@ -48,17 +55,20 @@ Score = Callable[[nnx.State, Trajectory], jax.Array]  # (params, trajectory) -> 
 
 
 class TextTrainState(NamedTuple):
-    """The policy's side of a text-mode run between updates."""
+    """The trained side of a text-mode run between updates."""
 
     params: Any  # policy parameters (nnx.State).
     opt_state: Any  # optax state.
     step: jax.Array  # [] int32, updates done.
+    critic: Any = None  # the critic's parameters (nnx.State) when the estimator reads values.
+    critic_opt_state: Any = None  # its optax state.
 
 
 class TextUpdate(NamedTuple):
     """Programs of `make_text_update` (each jitted)."""
 
-    init: Callable[[nnx.State], TextTrainState]
+    # init(params, critic=None) -> the state before the first update.
+    init: Callable[..., TextTrainState]
     # reference(ref_params, trajectory) -> [B, S, L] float32 log pi_ref of generated ids.
     reference: Callable[[nnx.State, Trajectory], jax.Array]
     # update(state, trajectory, ref_logp) -> (state, metrics): the state is donated.
@@ -69,7 +79,10 @@ def make_text_update(
     config: TrainConfig,
     score: Score,
     *,
+    values: Score | None = None,
     optimizer: optax.GradientTransformation | None = None,
+    critic_optimizer: optax.GradientTransformation | None = None,
+    critic_warmup: int = 0,
     mesh: jax.sharding.Mesh | None = None,
     reference_mesh: jax.sharding.Mesh | None = None,
 ) -> TextUpdate:
@@ -79,28 +92,37 @@ def make_text_update(
       config: reads reward (and its weights), estimator and its settings, num_groups x
         group_size (= the batch's episodes, for grouped estimators), num_epochs,
         num_minibatches, clip_low / clip_high / dual_clip, agg, kl_placement / kl_kind /
-        kl_coef, learning_rate, weight_decay, max_grad_norm. Refused: a critic-based
-        estimator (text batches have no values), entropy_coef != 0 (the scorer gives log
-        pi of the sampled ids only) and an adaptive KL (kl_target).
+        kl_coef, learning_rate, weight_decay, max_grad_norm, value_clip (`check_config`
+        says what is refused).
       score: teacher-forced log-probs of the trajectory's generated ids, differentiable.
+      values: `values(critic_params, trajectory) -> [B, S, L]` the critic's V at the
+        generated ids, differentiable; required by a critic-based estimator and refused
+        with a critic-free one.
       optimizer: default: clip_by_global_norm(max_grad_norm) then AdamW at a constant
         learning_rate (the trainer's, without a schedule).
-      mesh: the policy's mesh: parameters and optimiser state in FSDP layout, the batch
-        split along its episodes (a minibatch's episodes, B / num_minibatches, must be a
-        multiple of the mesh's devices); None: wherever the inputs are.
+      critic_optimizer: the critic's (default: as `optimizer`'s default).
+      critic_warmup: updates (from step 0) in which only the critic learns.
+      mesh: the policy's (and critic's) mesh: parameters and optimiser states in FSDP
+        layout, the batch split along its episodes (a minibatch's episodes, B /
+        num_minibatches, must be a multiple of the mesh's devices); None: wherever the
+        inputs are.
       reference_mesh: the reference's mesh (default: `mesh`).
     """
-    check_config(config)
-    if optimizer is None:
-        optimizer = optax.chain(
-            optax.clip_by_global_norm(config.max_grad_norm),
-            optax.adamw(config.learning_rate, weight_decay=config.weight_decay),
-        )
+    check_config(config, critic=values is not None)
+    if critic_warmup < 0 or (critic_warmup and values is None):
+        raise ValueError(f"critic_warmup={critic_warmup} needs a critic and must be >= 0")
+    optimizer = optimizer or adamw(config, config.learning_rate)
+    critic_optimizer = critic_optimizer or adamw(config, config.learning_rate)
     reference_mesh = mesh if reference_mesh is None else reference_mesh
     loss = _make_loss(config, score)
+    value_loss = None if values is None else _make_value_loss(config, values)
 
-    def init(params: nnx.State) -> TextTrainState:
-        state = TextTrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+    def init(params: nnx.State, critic: nnx.State | None = None) -> TextTrainState:
+        if (critic is None) != (values is None):
+            raise ValueError("init takes critic parameters exactly when the update has values")
+        critic_opt_state = None if critic is None else critic_optimizer.init(critic)
+        step = jnp.zeros((), jnp.int32)
+        state = TextTrainState(params, optimizer.init(params), step, critic, critic_opt_state)
         return sharding.constrain_params(state, mesh)
 
     def reference(ref_params: nnx.State, trajectory: Trajectory) -> jax.Array:
@@ -110,35 +132,86 @@ def make_text_update(
     def update(state: TextTrainState, trajectory: Trajectory, ref_logp: jax.Array):
         trajectory, ref_logp = sharding.constrain_batch((trajectory, ref_logp), mesh)
         _check_batch(trajectory, config)
+        if values is not None:  # V_old: the critic before this update's steps.
+            old = jax.lax.stop_gradient(values(state.critic, trajectory))
+            trajectory = trajectory._replace(values=jnp.where(trajectory.loss_mask, old, 0.0))
         rewards = turn_rewards(trajectory, config)
         kl_reward = jnp.zeros(trajectory.logp.shape, jnp.float32)
         if config.kl_placement == "reward" and config.kl_coef:
             kl = losses.kl_penalty(trajectory.logp, ref_logp, kind=config.kl_kind)
             kl_reward = -config.kl_coef * kl * trajectory.loss_mask
         estimate = estimate_advantages(trajectory, rewards, kl_reward, config)
-        batch = _minibatches((trajectory, estimate.advantages, ref_logp), config)
+        targets = estimate.value_targets
+        batch = _minibatches((trajectory, estimate.advantages, targets, ref_logp), config)
+        learns = state.step >= critic_warmup  # the policy steps (past the critic's warm-up).
 
         def step(carry, minibatch):
-            params, opt_state = carry
-            minibatch = sharding.constrain_batch(minibatch, mesh)
-            params, opt_state, stats = guarded_step(loss, params, opt_state, optimizer, *minibatch)
-            return sharding.constrain_params((params, opt_state), mesh), stats
+            params, opt_state, critic, critic_opt_state = carry
+            part, advantages, targets, part_ref = sharding.constrain_batch(minibatch, mesh)
+            stepped = guarded_step(loss, params, opt_state, optimizer, part, advantages, part_ref)
+            if critic_warmup:
+                params, opt_state = _select(learns, stepped[:2], (params, opt_state))
+            else:
+                params, opt_state = stepped[:2]
+            stats = stepped[2]
+            if value_loss is not None:
+                critic, critic_opt_state, critic_stats = guarded_step(
+                    value_loss, critic, critic_opt_state, critic_optimizer, part, targets
+                )
+                stats = _with_critic(stats, critic_stats)
+            carry = (params, opt_state, critic, critic_opt_state)
+            return sharding.constrain_params(carry, mesh), stats
 
         def epoch(carry, _):
             return jax.lax.scan(step, carry, batch)
 
-        carry = (state.params, state.opt_state)
-        (params, opt_state), stats = jax.lax.scan(epoch, carry, None, length=config.num_epochs)
+        carry = (state.params, state.opt_state, state.critic, state.critic_opt_state)
+        carry, stats = jax.lax.scan(epoch, carry, None, length=config.num_epochs)
         metrics = {name: jnp.mean(value) for name, value in stats.items()}
         metrics["reward"] = jnp.mean(jnp.sum(rewards, axis=1))
         metrics["tokens"] = jnp.sum(trajectory.loss_mask).astype(jnp.float32)
-        return TextTrainState(params, opt_state, state.step + 1), metrics
+        if values is not None:
+            metrics |= _value_metrics(trajectory, targets)
+        return TextTrainState(carry[0], carry[1], state.step + 1, *carry[2:]), metrics
 
     return TextUpdate(
         init=jax.jit(init),
         reference=jax.jit(reference),
         update=jax.jit(update, donate_argnums=0),
     )
+
+
+def adamw(config: TrainConfig, learning_rate: float) -> optax.GradientTransformation:
+    """clip_by_global_norm(max_grad_norm), then AdamW at a constant `learning_rate`."""
+    return optax.chain(
+        optax.clip_by_global_norm(config.max_grad_norm),
+        optax.adamw(learning_rate, weight_decay=config.weight_decay),
+    )
+
+
+def _select(keep_new: jax.Array, new: Any, old: Any) -> Any:
+    return jax.tree.map(lambda a, b: jnp.where(keep_new, a, b), new, old)
+
+
+def _with_critic(stats: Metrics, critic_stats: Metrics) -> Metrics:
+    """The policy step's stats with the critic's: its loss and gradient norm, and the
+    non-finite flags of either step (the host loop stops on them)."""
+    stats = dict(stats, value_loss=critic_stats["value_loss"])
+    stats["critic_grad_norm"] = critic_stats["grad_norm"]
+    for name in ("nonfinite_loss", "nonfinite_grads"):
+        stats[name] = jnp.maximum(stats[name], critic_stats[name])
+    return stats
+
+
+def _value_metrics(trajectory: Trajectory, targets: jax.Array) -> Metrics:
+    """Mean V_old over generated tokens and the explained variance of the targets by it."""
+    mask = trajectory.loss_mask.astype(jnp.float32)
+    count = jnp.maximum(jnp.sum(mask), 1.0)
+    mean = lambda x: jnp.sum(x * mask) / count  # noqa: E731
+    residual = mean((targets - trajectory.values) ** 2) - mean(targets - trajectory.values) ** 2
+    variance = mean(targets**2) - mean(targets) ** 2
+    explained = jnp.where(variance > 0, 1.0 - residual / jnp.maximum(variance, 1e-12), jnp.nan)
+    return {"value_mean": mean(trajectory.values), "explained_variance": explained}
 
 
 def _make_loss(config: TrainConfig, score: Score):
@@ -165,17 +238,47 @@ def _make_loss(config: TrainConfig, score: Score):
     return loss
 
 
+def _make_value_loss(config: TrainConfig, values: Score):
+    """`loss(critic, trajectory, targets) -> (scalar, stats)`: the clipped value loss of a
+    minibatch on its generated tokens (`trajectory.values` = V_old)."""
+
+    def loss(critic, trajectory: Trajectory, targets: jax.Array):
+        value = losses.value_loss(
+            action_rows(values(critic, trajectory)), action_rows(trajectory.values),
+            action_rows(targets), action_rows(trajectory.loss_mask), clip=config.value_clip,
+            agg=config.agg,
+        )  # fmt: skip
+        return value, {"value_loss": jax.lax.stop_gradient(value)}
+
+    return loss
+
+
 def _minibatches(batch: Any, config: TrainConfig) -> Any:
     """`[B, ...]` leaves -> `[num_minibatches, B / num_minibatches, ...]`, in order."""
     count = config.num_minibatches
     return jax.tree.map(lambda x: x.reshape(count, x.shape[0] // count, *x.shape[1:]), batch)
 
 
-def check_config(config: TrainConfig) -> None:
-    if config.uses_critic:
+def check_config(config: TrainConfig, *, critic: bool) -> None:
+    """Refuses what a text batch cannot serve: a critic-based estimator without a critic
+    (or a critic beside a critic-free one), bootstrapping a truncated episode (the loop
+    scores no state after the last turn), an entropy bonus (the scorer gives log pi of the
+    sampled ids only) and an adaptive KL."""
+    if config.uses_critic and not critic:
         raise ValueError(
-            f"TrainConfig.estimator={config.estimator!r} reads a critic's values, which a text "
-            "Trajectory does not have; use a critic-free one (grpo, drgrpo, rloo, reinforce_pp)"
+            f"TrainConfig.estimator={config.estimator!r} reads a critic's values: give the "
+            "update a critic (`values`), or use a critic-free estimator (grpo, drgrpo, rloo, "
+            "reinforce_pp, gigpo)"
+        )
+    if critic and not config.uses_critic:
+        raise ValueError(
+            f"TrainConfig.estimator={config.estimator!r} reads no values: a critic would train "
+            "for nothing; use gae_token, gae_turn or hierarchical, or no critic"
+        )
+    if critic and config.bootstrap_truncated:
+        raise ValueError(
+            "TrainConfig.bootstrap_truncated: the text loop has no value of the state after "
+            "the last turn; set it to False"
         )
     if config.entropy_coef != 0:
         raise ValueError(
