@@ -139,6 +139,15 @@ def test_load_policy_with_a_separate_critic_in_bfloat16(tmp_path):
         assert 0.01 < np.std(np.asarray(weights[...], np.float32)) < 0.04
 
 
+def test_load_value_model_reads_the_trunk_without_head_and_starts_at_zero(tmp_path):
+    tensors = write_checkpoint(tmp_path, QWEN2)
+    critic, config = checkpoint.load_value_model(tmp_path)
+    assert critic.lm.lm_head is None and config.qkv_bias
+    _assert_holds(critic.lm, {k: v for k, v in tensors.items() if k != "lm_head.weight"})
+    hidden, _ = critic.lm(critic.lm.embed(jnp.arange(6)[None]), jnp.ones((1, 6), bool))
+    np.testing.assert_array_equal(np.asarray(critic.values(hidden)), np.zeros((1, 6)))
+
+
 @pytest.fixture
 def no_tensor_read(monkeypatch):
     """Refusals happen before any parameter is read or allocated."""
