@@ -31,6 +31,9 @@ def get_config(kind: str = "") -> ml_collections.ConfigDict:
     config.first_seed = 0
     config.eval_every = 20  # online iterations between held-out evaluations (PPO: scaled).
     config.eval_episodes = 64  # held-out episodes per evaluation (sampled and greedy).
+    # 'same': fresh keys of the training tasks; 'heldout': tasks training never draws (needs
+    # a split, e.g. --config.env.task_split=train on ToolWorld; EvalConfig.tasks).
+    config.eval_tasks = "same"
     # The groups of runs trained and reported (experiments.studies.strategies.GROUPS), each
     # one program and one folder of the workdir: a subset reruns part of the study.
     config.groups = "ppo,grpo,online_dpo,fork_dpo,online_dpo_prm,offline_dpo"

@@ -142,6 +142,7 @@ class _Setup(NamedTuple):
     seeds: list[int]
     groups: tuple[str, ...]  # GROUPS that `config.groups` names, in GROUPS' order.
     evaluate: Any  # jitted: one run's params -> held-out metrics.
+    evaluation: EvalConfig  # its episodes and tasks (`every` set per group).
 
 
 def _setup(config: ml_collections.ConfigDict) -> _Setup:
@@ -150,6 +151,9 @@ def _setup(config: ml_collections.ConfigDict) -> _Setup:
     rollout_config = make(RolloutConfig, config.rollout, "rollout")
     common.check_counts(config, COUNTS)
     seeds = list(range(config.first_seed, config.first_seed + config.seeds))
+    evaluation = make(
+        EvalConfig, dict(episodes=int(config.eval_episodes), tasks=config.eval_tasks), "eval"
+    )
     ppo = TrainConfig.from_mapping(config.ppo)
     _check_fields(config, env, ppo)
     groups = common.names(config.groups, "groups", "group")
@@ -161,7 +165,8 @@ def _setup(config: ml_collections.ConfigDict) -> _Setup:
         online=DPOConfig.from_mapping(config.online),
         offline=DPOConfig.from_mapping(config.offline), ppo=ppo, seeds=seeds,
         groups=tuple(name for name in GROUPS if name in groups),
-        evaluate=_evaluator(env, policy_config, rollout_config, int(config.eval_episodes)),
+        evaluate=_evaluator(env, policy_config, rollout_config, evaluation),
+        evaluation=evaluation,
     )  # fmt: skip
 
 
@@ -202,11 +207,15 @@ def _environment(kind: str, env_config):
 
 
 @functools.lru_cache(maxsize=4)
-def _evaluator(env, policy_config, rollout_config, episodes: int):
+def _evaluator(env, policy_config, rollout_config, evaluation: EvalConfig):
     """`jit(evaluate)`: one run's params -> held-out metrics (cached, as the programs
     below: a run resumed in the same process compiles nothing again)."""
     graphdef = policy_graphdef(policy_config)
-    return jax.jit(make_evaluate(env, graphdef, rollout_config, num_episodes=episodes))
+    return jax.jit(
+        make_evaluate(
+            env, graphdef, rollout_config, num_episodes=evaluation.episodes, tasks=evaluation.tasks
+        )
+    )
 
 
 def _judges(text: str, field: str) -> list[tuple[str, float]]:
@@ -250,7 +259,7 @@ def _ppo_rows(config, setup, workdir, *, resume: bool, progress: bool) -> list[d
         out = loop.run(
             train, setup.env, setup.policy_config, setup.rollout_config,
             seeds=setup.seeds, workdir=os.path.join(workdir, name), conditions=[train.reward],
-            evaluation=EvalConfig(every=every, episodes=int(config.eval_episodes)),
+            evaluation=dataclasses.replace(setup.evaluation, every=every),
             chunk_size=every, resume=resume, progress=progress, tensorboard=False,
         )  # fmt: skip
         for row in out:

@@ -226,3 +226,13 @@ def test_ppo_and_grpo_checkpoint_and_resume_through_the_loop(tmp_path, monkeypat
     ]  # fmt: skip
     assert all(c.get("checkpoint", True) and c["chunk_size"] == c["evaluation"].every == 20
                for c in calls)  # fmt: skip
+
+
+def test_heldout_tasks_need_the_split_and_reach_every_evaluation(tmp_path):
+    with pytest.raises(ValueError, match="task_split='train'"):
+        study.run(_config(eval_tasks="heldout"), str(tmp_path / "w"), progress=False)
+    assert not (tmp_path / "w").exists()
+    with pytest.raises(ValueError, match="config.eval: EvalConfig.tasks must be one of"):
+        study.run(_config(eval_tasks="unseen"), str(tmp_path / "w"), progress=False)
+    setup = study._setup(_config(eval_tasks="heldout", **{"env.task_split": "train"}))
+    assert (setup.evaluation.tasks, setup.evaluation.episodes) == ("heldout", 4)
