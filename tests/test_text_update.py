@@ -1,6 +1,7 @@
-"""FSDP sharding (rlagent.models.sharding) and the text-mode GRPO update
-(rlagent.text.update): the sharding rule, and on 8 host devices the sharded update equal
-to the single-device one, with its parameters really split."""
+"""FSDP sharding (rlagent.models.sharding) and the text-mode update (rlagent.text.update):
+the sharding rule; on 8 host devices the sharded PPO update with its critic equal to the
+single-device one, with its parameters really split; GRPO's loss by hand; the critic's
+value regression and warm-up on a fixed batch, and the refusals of a critic it cannot use."""
 
 import dataclasses
 import json
