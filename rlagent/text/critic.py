@@ -26,6 +26,8 @@ from flax import nnx
 
 from rlagent.models import checkpoint
 from rlagent.models.hf import CheckpointError
+from rlagent.text.chat import ChatTemplateError
+from rlagent.text.chat import check_vocab
 from rlagent.text.chat import load_tokenizer
 
 
@@ -71,11 +73,10 @@ def check_critic(config: CriticConfig, model: Any) -> CheckedCritic:
         model_dir, pad_id=policy.pad_id, param_dtype=policy.param_dtype, dtype=policy.dtype,
         remat=policy.remat,
     )  # fmt: skip
-    if found.config.vocab_size < model.chat.vocab_size:
-        raise CheckpointError(
-            f"{model_dir}: the critic's vocab_size {found.config.vocab_size} cannot embed the "
-            f"tokenizer's {model.chat.vocab_size} tokens"
-        )
+    try:
+        check_vocab(model.chat, found.config)
+    except ChatTemplateError as error:
+        raise CheckpointError(f"{model_dir}: the critic's {error}") from None
     return CheckedCritic(config, model_dir, found)
 
 

@@ -75,7 +75,6 @@ class Packed(NamedTuple):
 
     order: jax.Array  # [B, T] int32: packed position t holds the token_view's order[t].
     tokens: jax.Array  # [B, T] int32.
-    valid: jax.Array  # [B, T] bool.
     loss_mask: jax.Array  # [B, T] bool: the token_view's generated positions.
 
     def generated(self, predicted: jax.Array, trajectory: Trajectory) -> jax.Array:
@@ -95,7 +94,7 @@ def _packed_hidden(lm, trajectory: Trajectory, pad_id: int) -> tuple[Packed, jax
     view = token_view(trajectory)
     order, tokens, valid = pack_transcripts(view, pad_id)
     hidden, _ = lm(lm.embed(tokens), valid)
-    return Packed(order, tokens, valid, view.loss_mask), hidden
+    return Packed(order, tokens, view.loss_mask), hidden
 
 
 def pack_transcripts(view, pad_id: int) -> tuple[jax.Array, jax.Array, jax.Array]:

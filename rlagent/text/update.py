@@ -143,13 +143,13 @@ def make_text_update(
         estimate = estimate_advantages(trajectory, rewards, kl_reward, config)
         targets = estimate.value_targets
         batch = _minibatches((trajectory, estimate.advantages, targets, ref_logp), config)
-        learns = state.step >= critic_warmup  # the policy steps (past the critic's warm-up).
 
         def step(carry, minibatch):
             params, opt_state, critic, critic_opt_state = carry
             part, advantages, targets, part_ref = sharding.constrain_batch(minibatch, mesh)
             stepped = guarded_step(loss, params, opt_state, optimizer, part, advantages, part_ref)
-            if critic_warmup:
+            if critic_warmup:  # the policy steps once past the critic's warm-up.
+                learns = state.step >= critic_warmup
                 params, opt_state = _select(learns, stepped[:2], (params, opt_state))
             else:
                 params, opt_state = stepped[:2]

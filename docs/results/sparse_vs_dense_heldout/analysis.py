@@ -9,7 +9,8 @@ evaluation on held-out tasks (sampled, greedy) minus the training batch's succes
 same update (the same policy), paired over seeds (mean, bootstrap 95% CI, sign-flip p,
 Holm over the 8 comparisons); (2) across the two runs (same seeds and code, training on
 three quarters of the task cells vs all of them), the last evaluation's success per
-condition, two-sided Mann-Whitney U, Holm over the 8 comparisons.
+condition, P(tasks > keys) and the two-sided Mann-Whitney U of
+`rlagent.analysis.stats.pairwise_comparisons`, Holm over the 8 comparisons.
 """
 
 import csv
@@ -18,10 +19,10 @@ import os
 import sys
 
 import numpy as np
-from scipy.stats import mannwhitneyu
 
 from rlagent.analysis.paired import compare
 from rlagent.analysis.stats import holm
+from rlagent.analysis.stats import pairwise_comparisons
 
 CONDITIONS = ("outcome", "process", "composed", "potential")
 MODES = ("sampled", "greedy")
@@ -76,8 +77,8 @@ def main(heldout, keys):
         for m in MODES:
             a = [float(r[f"eval_{m}_success"]) for r in same[c].values()]
             b = [float(r[f"eval_{m}_success"]) for r in tasks[c].values()]
-            u, p = mannwhitneyu(b, a, alternative="two-sided")
-            rows.append((c, m, np.mean(a), np.mean(b), u / (len(a) * len(b)), p))
+            (pair,) = pairwise_comparisons({"tasks": b, "keys": a})
+            rows.append((c, m, np.mean(a), np.mean(b), pair["prob_improvement"], pair["p_value"]))
     p_holm = holm([r[-1] for r in rows])
     for (c, m, a, b, auc, p), ph in zip(rows, p_holm, strict=True):
         lines.append(f"| {c} | {m} | {a:.3f} | {b:.3f} | {auc:.2f} | {p:.3g} | {ph:.3g} |")
