@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 
+from experiments.configs import horizon_estimators_heldout
 from experiments.configs import horizon_sweep as default_config
 from experiments.configs import horizon_sweep_accel
 from experiments.configs import tree_rollouts
@@ -104,6 +105,17 @@ def test_estimator_options_set_their_train_fields():
     assert [r.name for r in runs] == ["gae_turn", "grpo", "tree_grpo+tree_branch_at=surprisal"]
     assert {r.config.env.task_split for r in runs} == {"train"}
     assert {r.config.eval.tasks for r in runs} == {"heldout"}
+    estimators = horizon_sweep.plan(horizon_estimators_heldout.get_config())
+    assert [h for h, _ in estimators] == [12, 16]
+    for _, runs in estimators:
+        labels = [c for r in runs for c in r.conditions]
+        assert labels == [
+            "process/gae_turn", "outcome/gae_turn", "process/gae_token@0.9", "process/grpo",
+            "process/gigpo", "process/hierarchical",
+        ]  # fmt: skip
+        assert {(r.config.env.task_split, r.config.eval.tasks) for r in runs} == {
+            ("train", "heldout")
+        }
     for spec, message in [
         ("grpo,grpo+lam=0.95", "'grpo\\+lam=0.95' trains what 'grpo' trains"),
         ("tree_grpo+tree_branches=x", "'tree_branches=x': 'x' is no int"),
