@@ -7,11 +7,14 @@ mixed policy (oracle turns, oracle turns with a corrupted argument, random acts,
 replays the same turns in JAX: every timestep, and the JAX oracle's turn at every visited
 state, must equal the reference's. One compiled replay per config also serves the oracle
 and random-play tests (`random_action` does not read the state: the grammar is the same
-at every turn, so a pool of its turns is random play).
+at every turn, so a pool of its turns is random play). The held-out goals (`task_split`)
+are checked at the end: each split's side, the 'all' draw unchanged, the twin's own
+classification, `heldout_env` and the oracle on held-out dialogues.
 """
 
 import dataclasses
 import functools
+import hashlib
 import random
 
 import chex
@@ -31,7 +34,11 @@ from rlagent.envs.dialogue import Signals
 from rlagent.envs.dialogue import dsl
 from rlagent.envs.dialogue import horizon_config
 from rlagent.envs.dialogue import level_config
+from rlagent.envs.dialogue import oracle_policy
 from rlagent.envs.dialogue import shortest_dialogue
+from rlagent.envs.dialogue import unroll
+from rlagent.envs.dialogue.config import heldout_goals
+from rlagent.envs.dialogue.generator import heldout_goal
 from rlagent.envs.dialogue.reference import ReferenceDialogue
 from rlagent.models import PolicyConfig
 from rlagent.rollout import RolloutConfig
@@ -385,6 +392,11 @@ def test_levels_horizons_and_the_shortest_dialogue():
         (dict(level=6), r"level: must be one of"),
         (dict(num_values=1), r"num_values: must be in \[2, 4\]"),
         (dict(num_constraints=2.5), r"num_constraints: must be an integer"),
+        (dict(task_split="test"), r"task_split: must be one of \('all', 'train', 'heldout'\)"),
+        # 2 attributes x 2 values, one constraint: the hash holds out none of the 4 goals.
+        (dict(num_attributes=2, num_values=2, num_constraints=1, num_requests=0,
+              task_split="train"),
+         r"task_split: needs goals on both sides, but the 4 goals hold out 0 and leave 4"),
     ],
 )  # fmt: skip
 def test_bad_configs_are_refused_naming_the_field(fields, message):
@@ -436,3 +448,118 @@ def test_the_trainer_runs_two_updates_on_rollouts_of_it():
     np.testing.assert_array_equal(metrics["success"], metrics["goal_success"])
     assert (metrics["format_errors"] == 0).all() and (metrics["dialogue_turns"] >= 1).all()
     assert (metrics["feedback_rate"] > 0).all()
+
+
+# Held-out goals (task_split) -------------------------------------------------------------
+SPLIT_KEYS = 2048
+# Exact held-out fractions of the goals (enumerated): level 1 holds out 2 of its 12 goals,
+# level 3 40,360 of its 161,280.
+HELDOUT_FRACTION = {1: 2 / 12, 3: 40360 / 161280}
+# sha256 (first 16 hex digits) of the reset states of `jax.random.split(key(0), 8)` at
+# levels 1, 3 and 5, recorded with the generator before task_split existed, and of
+# `uniform(key(0), (8,))`: if JAX's PRNG changes, the states change with it (re-record).
+PRE_SPLIT_DIGESTS = {1: "e6e2f58df7a37664", 3: "1a05dc547276aa96", 5: "ac335f5a4c98c1f7"}
+PRNG_DIGEST = "09444c74446788c0"
+
+
+def _digest(tree) -> str:
+    sha = hashlib.sha256()
+    for leaf in jax.tree.leaves(tree):
+        sha.update(np.asarray(leaf).tobytes())
+    return sha.hexdigest()[:16]
+
+
+def _split_resets(level: int, keys):
+    """{split: (host states, host held-out flags)} of one vmapped, jitted reset per split."""
+    out = {}
+    for split in ("all", "train", "heldout"):
+        env = DialogueEnv(level_config(level, task_split=split))
+        states = jax.jit(jax.vmap(lambda key, env=env: env.reset(key)[0]))(keys)
+        held = jax.jit(jax.vmap(functools.partial(heldout_goal, env.config)))(states)
+        out[split] = (jax.tree.map(np.asarray, states), np.asarray(held))
+    return out
+
+
+@pytest.mark.parametrize("level", [1, 3])
+def test_task_split_draws_only_its_side_of_the_heldout_goals(level):
+    """'train' never draws a held-out goal, 'heldout' only held-out ones, 'all' about a
+    quarter (the exact fraction; sd ~0.009 over 2048 keys); a split keeps the 'all' draw
+    of a key whenever it fits, its states keep the generator's promises, and a reset is a
+    function of its key."""
+    keys = jax.random.split(jax.random.key(level), SPLIT_KEYS)
+    resets = _split_resets(level, keys)
+    (all_states, all_held), (train, train_held), (heldout, heldout_held) = resets.values()
+    assert not train_held.any() and heldout_held.all()
+    assert abs(all_held.mean() - HELDOUT_FRACTION[level]) < 0.03
+    for states, fits in ((train, ~all_held), (heldout, all_held)):
+        for name, leaf in all_states._asdict().items():
+            same = (getattr(states, name) == leaf).reshape(SPLIT_KEYS, -1).all(axis=1)
+            assert (same[fits]).all(), name  # the first draw is kept when it fits
+        assert not (states.kb == all_states.kb).reshape(SPLIT_KEYS, -1).all(axis=1).all()
+    config = level_config(level)
+    reference = ReferenceDialogue(config)
+    for states in (train, heldout):
+        for b in range(64):
+            _assert_generated(config, reference.load(jax.tree.map(lambda x, b=b: x[b], states)))
+    again = _split_resets(level, keys)
+    for split, (states, _) in resets.items():
+        assert _digest(states) == _digest(again[split][0]), split
+
+
+def test_the_all_split_draws_the_states_of_before_the_split():
+    """task_split='all' (the default) is the generator's old draw, bit for bit."""
+    if _digest(jax.random.uniform(jax.random.key(0), (8,))) != PRNG_DIGEST:
+        pytest.skip("JAX's PRNG changed: re-record PRE_SPLIT_DIGESTS")
+    keys = jax.random.split(jax.random.key(0), 8)
+    for level, digest in PRE_SPLIT_DIGESTS.items():
+        env = DialogueEnv(level_config(level))
+        assert env.config.task_split == "all"
+        states = jax.jit(jax.vmap(lambda key, env=env: env.reset(key)[0]))(keys)
+        assert _digest(states) == digest, level
+
+
+@pytest.mark.parametrize("level", [1, 3, 5])
+def test_the_reference_classifies_goals_as_jax_does(level):
+    """The twin's own cell index and hash agree with `heldout_goals` on loaded JAX states
+    (level 5: indices past 2**32, which wrap), and its reset follows the split."""
+    config = level_config(level)
+    reference = ReferenceDialogue(config)
+    env = DialogueEnv(config)
+    keys = jax.random.split(jax.random.key(10 + level), 512)
+    states = jax.jit(jax.vmap(lambda key: env.reset(key)[0]))(keys)
+    held = np.asarray(jax.vmap(functools.partial(heldout_goal, config))(states))
+    host = jax.tree.map(np.asarray, states)
+    mine = [reference.heldout_goal(reference.load(jax.tree.map(lambda x, b=b: x[b], host)))
+            for b in range(len(keys))]  # fmt: skip
+    np.testing.assert_array_equal(mine, held)
+    assert 0.15 < held.mean() < 0.35
+    rng = random.Random(level)
+    for split in ("train", "heldout"):
+        twin = ReferenceDialogue(dataclasses.replace(config, task_split=split))
+        drawn = [twin.reset(rng) for _ in range(64)]
+        fields = [np.asarray([getattr(s, name) for s in drawn])
+                  for name in ("goal_rank", "goal_value", "request_rank")]  # fmt: skip
+        assert (np.asarray(heldout_goals(config, *fields)) == (split == "heldout")).all()
+        for state in drawn:
+            _assert_generated(config, state)
+
+
+def test_heldout_env_needs_a_training_split_and_its_oracle_succeeds():
+    """`heldout_env` is refused unless the split is 'train'; the held-out env is the same
+    config but its split, and the oracle meets every held-out goal in the shortest
+    dialogue."""
+    for split in ("all", "heldout"):
+        with pytest.raises(ValueError, match="DialogueConfig.task_split='train'"):
+            DialogueEnv(level_config(3, task_split=split)).heldout_env()
+    train = DialogueEnv(level_config(3, task_split="train"))
+    env = train.heldout_env()
+    assert env.config == dataclasses.replace(train.config, task_split="heldout")
+    play = jax.jit(jax.vmap(lambda key: unroll(env, functools.partial(oracle_policy, env), key)))
+    episodes = play(jax.random.split(jax.random.key(5), 64))
+    first_states = jax.vmap(lambda key: env.reset(jax.random.split(key)[0])[0])(
+        jax.random.split(jax.random.key(5), 64)
+    )
+    assert np.asarray(jax.vmap(functools.partial(heldout_goal, env.config))(first_states)).all()
+    success = np.asarray(episodes.timesteps.signals.success)
+    assert success.any(axis=1).all()
+    assert (success.argmax(axis=1) == env.config.shortest - 1).all()

@@ -5,6 +5,8 @@ it; experiments/mastermind_differential.py plays 10,000 games per configuration)
 plain-Python twins of the peg count and the consistent set here.
 """
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -22,6 +24,10 @@ from rlagent.envs.mastermind import Mastermind
 from rlagent.envs.mastermind import MastermindConfig
 from rlagent.envs.mastermind import level_config
 from rlagent.envs.mastermind import rules
+from rlagent.envs.mastermind.config import all_codes
+from rlagent.envs.mastermind.config import heldout_codes
+from rlagent.envs.splits import MAX_SPLIT_ATTEMPTS
+from rlagent.envs.splits import heldout_index_int
 from rlagent.models import Policy
 from rlagent.models import PolicyConfig
 from rlagent.rollout import RolloutConfig
@@ -87,6 +93,8 @@ def _textarena_pegs(secret, guess):
         (dict(verdict="exact", code_length=6, num_numbers=12, duplicate_numbers=True), "verdict"),
         (dict(verdict_invalid=0.5), "verdict_invalid"),
         (dict(oracle_candidates=0), "oracle_candidates"),
+        (dict(task_split="test"), "task_split"),
+        (dict(code_length=1, num_numbers=4, task_split="train"), "task_split"),  # none out
     ],
 )
 def test_config_refuses_a_bad_field_by_name(fields, name):
@@ -102,6 +110,109 @@ def test_levels_and_sizes():
     assert V0.max_turns == 2 * 21 and V0.turn_len == 5 and V0.obs_len == 7
     with pytest.raises(ValueError, match="Unknown Mastermind level"):
         level_config("easy")
+
+
+# -- held-out codes ----------------------------------------------------------------------
+
+
+def _old_secrets(config, keys):
+    """`[B, L]` the secrets of `reset` before task_split existed, computed directly."""
+
+    def draw(key):
+        secret_key, _ = jax.random.split(key)
+        if config.duplicate_numbers:
+            shape = (config.code_length,)
+            return jax.random.randint(secret_key, shape, 1, config.num_numbers + 1)
+        return jax.random.permutation(secret_key, config.num_numbers)[: config.code_length] + 1
+
+    return np.asarray(jax.vmap(draw)(keys))
+
+
+def _split_resets(config, keys):
+    """(secrets [B, L], oracle keys [B, 2]) of one jitted, vmapped reset of all the keys."""
+    state, _ = jax.jit(jax.vmap(Mastermind(config).reset))(keys)
+    return np.asarray(state.secret), np.asarray(state.key)
+
+
+def test_heldout_codes_are_a_fixed_hashed_quarter_of_the_code_space():
+    """A code's cell is its mixed-radix index (digit i weighs N**i); held out iff
+    fmix32(index + salt) % 4 == 0, checked against ToolWorld's plain-Python hash."""
+    fractions = {}
+    for level in ("tiny", "v0", "classic", "hard"):
+        config = level_config(level)
+        codes = all_codes(config)
+        held = np.asarray(heldout_codes(config, codes))
+        n = config.num_numbers
+        index = [sum(int(d - 1) * n**i for i, d in enumerate(code)) for code in codes]
+        twin = [heldout_index_int(i) for i in index]
+        assert held.tolist() == twin
+        fractions[level] = held.mean()
+    assert fractions["v0"] == 95 / 360 and 0.15 <= fractions["v0"] <= 0.35
+    assert fractions == pytest.approx({"tiny": 3 / 12, "v0": 95 / 360, "classic": 301 / 1296,
+                                       "hard": 403 / 1680})  # fmt: skip
+    assert heldout_codes(V0.config, codes[:7][None]).shape == (1, 7)  # broadcasts
+    assert MAX_SPLIT_ATTEMPTS == 256
+
+
+def test_a_one_sided_split_is_refused_with_the_counts_of_both_sides():
+    with pytest.raises(ValueError, match=r"task_split: .* the 4 codes hold out 0 and leave 4"):
+        MastermindConfig(code_length=1, num_numbers=4, task_split="heldout")
+    # Built under a trace, the check still runs on concrete values.
+    assert jax.jit(lambda: level_config("tiny", task_split="train").num_codes)() == 12
+    # Too large to enumerate: no check (a quarter is certain in practice).
+    assert level_config("extreme", task_split="heldout").task_split == "heldout"
+
+
+@pytest.mark.parametrize("level", ["tiny", "v0"])
+def test_split_resets_draw_only_their_side_and_cover_it(level):
+    """4,096 vmapped resets a split: 'train' draws no held-out code, 'heldout' only
+    held-out ones, each side's codes all drawn about equally often (no bias from the
+    redraw); the first draw and the oracle's key are those of 'all'."""
+    base = level_config(level)
+    codes = all_codes(base)
+    held = np.asarray(heldout_codes(base, codes))
+    keys = jax.random.split(jax.random.key(11), 4096)
+    old = _old_secrets(base, keys)
+    everything, all_keys = _split_resets(base, keys)
+    np.testing.assert_array_equal(everything, old)  # 'all' draws as before
+    cell = {tuple(code): c for c, code in enumerate(codes.tolist())}
+    for split, side in (("train", ~held), ("heldout", held)):
+        secrets, oracle_keys = _split_resets(dataclasses.replace(base, task_split=split), keys)
+        drawn = np.asarray([cell[tuple(code)] for code in secrets.tolist()])
+        assert side[drawn].all()
+        counts = np.bincount(drawn, minlength=len(codes))[side]
+        assert (counts > 0).all()  # every code of the side is drawn
+        expected = len(keys) / side.sum()
+        chi2 = ((counts - expected) ** 2 / expected).sum()
+        assert chi2 < side.sum() + 6 * np.sqrt(2 * side.sum())
+        np.testing.assert_array_equal(oracle_keys, all_keys)  # unaffected by redraws
+        fits = np.asarray(heldout_codes(base, old)) == (split == "heldout")
+        np.testing.assert_array_equal(secrets[fits], old[fits])  # first draw is 'all's
+
+
+def test_split_resets_are_deterministic_and_meet_the_protocol():
+    keys = jax.random.split(jax.random.key(5), 64)
+    classic = level_config("classic")  # duplicates: 'all' draws as before there too
+    np.testing.assert_array_equal(_split_resets(classic, keys)[0], _old_secrets(classic, keys))
+    train = Mastermind(dataclasses.replace(classic, task_split="train"))
+    check_environment(train)
+    reset = jax.jit(train.reset)
+    first = [np.asarray(reset(jax.random.key(k))[0].secret) for k in range(8)]
+    again = [np.asarray(reset(jax.random.key(k))[0].secret) for k in range(8)]
+    np.testing.assert_array_equal(first, again)
+    assert not np.asarray(heldout_codes(train.config, np.stack(first))).any()
+    assert len({tuple(code) for code in np.stack(first).tolist()}) > 1
+
+
+def test_heldout_env_is_the_heldout_split_of_a_training_env():
+    train = Mastermind(level_config("v0", task_split="train"))
+    heldout = train.heldout_env()
+    assert isinstance(heldout, Mastermind)
+    assert heldout.config == dataclasses.replace(train.config, task_split="heldout")
+    for split in ("all", "heldout"):
+        env = Mastermind(level_config("v0", task_split=split))
+        with pytest.raises(ValueError, match=r"MastermindConfig\.task_split='train'"):
+            env.heldout_env()
 
 
 # -- rules -------------------------------------------------------------------------------
@@ -195,7 +306,7 @@ def test_allowed_tokens_are_exactly_the_well_formed_guesses(level):
     state, _ = env.reset(jax.random.key(0))
     turns = _well_formed_turns(env, state) if level == "tiny" else None
     if turns is not None:
-        codes = {tuple(env.vocab.guess_tokens(c)) for c in rules.all_codes(env.config)}
+        codes = {tuple(env.vocab.guess_tokens(c)) for c in all_codes(env.config)}
         assert set(turns) == codes and len(turns) == len(codes)
     keys = jax.random.split(jax.random.key(1), 512)
     sampled = np.asarray(jax.vmap(lambda k: random_action(env, state, k))(keys))
@@ -245,7 +356,7 @@ def test_meets_the_protocol_and_steps_deterministically_with_one_compile():
 def test_the_verdict_is_the_shrinking_of_the_consistent_set():
     """Checked against a brute-force consistent set over random well-formed play."""
     episodes = mc.sample_env_episodes(V0, mc.uniform_random(V0), jax.random.key(4), 16)
-    codes = rules.all_codes(V0.config)
+    codes = all_codes(V0.config)
     secrets = np.asarray(episodes.states.secret[:, 0])
     actions = np.asarray(episodes.actions)
     signals = episodes.signals

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from rlagent.envs.mastermind import Mastermind
+from rlagent.envs.prompts import PromptEnv
 from rlagent.envs.toolworld import Command
 from rlagent.envs.toolworld import Signals
 from rlagent.envs.toolworld import StepType
@@ -255,7 +256,9 @@ def test_heldout_evaluation_plays_the_heldout_env(monkeypatch):
     assert played[-1] is train
     with pytest.raises(ValueError, match="task_split='train'"):
         evaluation.make_evaluate(ToolWorld(), None, rollout, num_episodes=4, tasks="heldout")
-    with pytest.raises(ValueError, match="no train / held-out split"):
+    with pytest.raises(ValueError, match="MastermindConfig.task_split='train'"):
         evaluation.make_evaluate(Mastermind(), None, rollout, num_episodes=4, tasks="heldout")
+    with pytest.raises(ValueError, match="no train / held-out split"):
+        evaluation.make_evaluate(PromptEnv(), None, rollout, num_episodes=4, tasks="heldout")
     with pytest.raises(ValueError, match="EvalConfig.tasks"):
         evaluation.EvalConfig(tasks="test")

@@ -39,7 +39,8 @@ class EnvKind(NamedTuple):
     # code is the section's, the horizon its turn limit); False: it sets the whole config.
     horizon_keeps_section: bool = False
     # Fields of the study's section a horizon keeps even when it sets the whole config
-    # (ToolWorld: the task split, so that held-out evaluation works at every horizon).
+    # (ToolWorld's and the dialogue's task split, so that held-out evaluation works at every
+    # horizon; Mastermind keeps its whole section).
     horizon_keeps: tuple[str, ...] = ()
     horizon_field: str | None = None  # the field the horizon sets (when it keeps the rest).
 
@@ -67,6 +68,7 @@ KINDS: dict[str, EnvKind] = {
         dialogue.horizon_config,
         title=lambda config: f"dialogue level {config.level}",
         nested={"persona": dialogue.Persona},
+        horizon_keeps=("task_split",),
     ),
     # The horizon is the guess limit (its turn limit) of the section's code (default v0's).
     "mastermind": EnvKind(
@@ -139,7 +141,7 @@ def horizon_section(
     """The `env` section (a dict with `kind`) of `kind` at `horizon` turns: ToolWorld and
     dialogue, the shortest episode; Mastermind, the guess limit of the code of `section`
     (the study's env section, when it names this kind; else v0's code); the kind's
-    `horizon_keeps` fields come from `section` too (ToolWorld's task split). `slack` > 0 sets
+    `horizon_keeps` fields come from `section` too (the task split). `slack` > 0 sets
     the kind's `slack_field` to horizon + slack (ToolWorld's max_turns), refused for the
     others; errors name the field."""
     spec = kind_of(kind)

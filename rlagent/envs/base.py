@@ -38,8 +38,9 @@ with `vmap`). It offers:
   used by oracle continuations and demonstrations; environments without one leave it out
   and those features refuse them (`require_oracle`).
 * optionally `heldout_env() -> Environment`: the same environment drawing only held-out
-  tasks, for environments whose task generator has a train / held-out split (ToolWorld's
-  `task_split`); held-out evaluation (`EvalConfig.tasks='heldout'`) needs it.
+  tasks, for environments whose task generator has a train / held-out split (the
+  `task_split` of ToolWorld, the dialogue and Mastermind: `rlagent.envs.splits`); held-out
+  evaluation (`EvalConfig.tasks='heldout'`) needs it.
 
 `random_action` is the uniform policy over `allowed_tokens` that every environment gets;
 `unroll` plays any state-level policy for a fixed number of turns.

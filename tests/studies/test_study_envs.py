@@ -50,3 +50,10 @@ def test_horizon_env_sets_the_shortest_episode():
     split = horizon_env("toolworld", 8, 2, {"task_split": "train"})
     assert (split.config.task_split, split.config.max_turns) == ("train", 10)
     assert split.heldout_env().config.task_split == "heldout"
+    # So do the dialogue's (a horizon sets the goal's size) and Mastermind's (its section).
+    talk = horizon_env("dialogue", 8, 0, {"kind": "dialogue", "task_split": "train"})
+    assert (talk.config.task_split, talk.config.shortest) == ("train", 8)
+    assert talk.heldout_env().config.task_split == "heldout"
+    game = horizon_env("mastermind", 5, 0, {"kind": "mastermind", "task_split": "train"})
+    assert (game.config.task_split, game.config.guess_limit) == ("train", 5)
+    assert game.heldout_env().config.task_split == "heldout"

@@ -9,14 +9,29 @@ it for every persona. The catalogue size does not change the shortest dialogue (
 generator puts one near miss per constraint before the target, so a query on fewer than
 C constraints never returns an entity that meets the whole goal); it bounds C from above
 (`num_entities >= C + 1`).
+
+Held-out goals (`task_split`): a dialogue's *cell* is its goal, the constraint attributes
+in agenda-rank order with their values and the requested attributes in rank order
+(`heldout_goals`); a fixed pseudo-random quarter of the goals is held out
+(`rlagent.envs.splits`, as in ToolWorld and Mastermind). 'train' never draws a held-out
+goal, 'heldout' draws only held-out ones (`DialogueEnv.heldout_env`), 'all' draws as
+before.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 import numbers
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 from rlagent.envs.dialogue import dsl
+from rlagent.envs.splits import check_split
+from rlagent.envs.splits import heldout_index
 
 # Level -> (num_constraints, num_requests, chats), short answers, no volunteering:
 # shortest dialogues of 3, 5, 8, 11 and 16 turns.
@@ -31,6 +46,8 @@ ANSWER_STYLES = ("short", "detailed")
 MAX_CHATS = 6
 # Attributes beyond the goal's (asked about, the user does not care), when left at None.
 SPARE_ATTRIBUTES = 2
+# Goals classified per batch by the config's split check (`_check_split`).
+_SPLIT_CHECK_CHUNK = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +97,9 @@ class DialogueConfig:
     num_entities: int | None = None  # N catalogue entities, C + 1..16 (default max(8, C + 2)).
     max_acts: int = 2  # acts a turn may hold, 1..3 (L = 4 * max_acts + 1).
     persona: Persona | None = None  # None: Persona(); its chats None: the level's.
+    # Held-out goals: a fixed quarter of the goals (`heldout_goals`); 'train' dialogues
+    # have none of them, 'heldout' dialogues only them, 'all' draws as before (splits.TASK_SPLITS).
+    task_split: str = "all"
 
     def __post_init__(self):
         _check_integer(self, "level")
@@ -88,6 +108,13 @@ class DialogueConfig:
         self._fill_level_defaults()
         self._check_sizes()
         self._fill_patience()
+        self._check_split()
+
+    @property
+    def num_goals(self) -> int:
+        """Goals the generator can draw: ordered constraint and request attributes, values."""
+        goal = self.num_constraints + self.num_requests
+        return math.perm(self.num_attributes, goal) * self.num_values**self.num_constraints
 
     @property
     def preferred_acts(self) -> int:
@@ -181,6 +208,81 @@ class DialogueConfig:
                 f"DialogueConfig.persona.patience: must be >= the shortest dialogue that meets "
                 f"the goal ({shortest} turns), got {persona.patience}"
             )
+
+    def _check_split(self):
+        """A split needs goals on both sides. Goals are classified in enumeration order
+        until both sides are seen (a few goals: a quarter is held out), so only a goal space
+        that has one side empty is enumerated to its end, and then refused with its counts."""
+        check_split(self.task_split, lambda name, why: _fail(self, name, "DialogueConfig", why))
+        if self.task_split == "all":
+            return
+        held = seen = 0
+        with jax.ensure_compile_time_eval():  # concrete even if built under a trace.
+            for chunk in _goal_chunks(self):
+                held += int(np.sum(np.asarray(_heldout_goals_jit(self, *chunk))))
+                seen += len(chunk[0])
+                if 0 < held < seen:
+                    return
+        _fail(
+            self,
+            "task_split",
+            "DialogueConfig",
+            f"needs goals on both sides, but the {seen} goals hold out {held} and leave "
+            f"{seen - held} for training",
+        )
+
+
+def heldout_goals(config: DialogueConfig, goal_rank, goal_value, request_rank) -> jax.Array:
+    """`[...]` bool: whether each goal (`State` fields `[..., A]`) is held out.
+
+    A goal's cell index is in mixed radix: per constraint, by agenda rank, the digit
+    attribute * V + value (radix A * V), then per requested attribute, by rank, the
+    attribute (radix A), the first constraint most significant; modulo 2**32 (the index
+    is below 2**32 up to level 4; level 5's wrap, and goals that share the 32-bit index
+    share their side). It is held out iff `splits.heldout_index(index)`: a fixed
+    pseudo-random quarter.
+    """
+    a, v = config.num_attributes, config.num_values
+    c, r = config.num_constraints, config.num_requests
+    # The weight of each rank (0 at rank A: not in the goal), modulo 2**32.
+    lower = pow(a, r, 1 << 32)
+    constraint_weight = np.zeros((a + 1,), np.uint32)
+    constraint_weight[:c] = [pow(a * v, c - 1 - i, 1 << 32) * lower % (1 << 32) for i in range(c)]
+    request_weight = np.zeros((a + 1,), np.uint32)
+    request_weight[:r] = [pow(a, r - 1 - j, 1 << 32) for j in range(r)]
+    attribute = jnp.arange(a, dtype=jnp.uint32)
+    digit = attribute * jnp.uint32(v) + jnp.maximum(jnp.asarray(goal_value), 0).astype(jnp.uint32)
+    terms = digit * jnp.asarray(constraint_weight)[jnp.asarray(goal_rank)]
+    terms = terms + attribute * jnp.asarray(request_weight)[jnp.asarray(request_rank)]
+    index = jnp.sum(terms, axis=-1, dtype=jnp.uint32)
+    return heldout_index(index)
+
+
+# The split check's classifier, jitted: one compile per config (run eagerly, each op was
+# compiled on its own and a check took about 5x longer).
+_heldout_goals_jit = jax.jit(heldout_goals, static_argnums=0)
+
+
+def _goal_chunks(config: DialogueConfig):
+    """Every goal of the config as `(goal_rank, goal_value, request_rank)` `[G, A]` int32
+    arrays, in chunks of `_SPLIT_CHECK_CHUNK` goals (lexicographic order)."""
+    a, c, r = config.num_attributes, config.num_constraints, config.num_requests
+    goals = (  # lazily: itertools.product would first list every permutation.
+        (attrs, values)
+        for attrs in itertools.permutations(range(a), c + r)
+        for values in itertools.product(range(config.num_values), repeat=c)
+    )
+    while chunk := list(itertools.islice(goals, _SPLIT_CHECK_CHUNK)):
+        order = np.asarray([attrs for attrs, _ in chunk], np.int32).reshape(len(chunk), c + r)
+        values = np.asarray([value for _, value in chunk], np.int32).reshape(len(chunk), c)
+        rows = np.arange(len(chunk))[:, None]
+        goal_rank = np.full((len(chunk), a), a, np.int32)
+        goal_rank[rows, order[:, :c]] = np.arange(c)
+        goal_value = np.full((len(chunk), a), -1, np.int32)
+        goal_value[rows, order[:, :c]] = values
+        request_rank = np.full((len(chunk), a), a, np.int32)
+        request_rank[rows, order[:, c:]] = np.arange(r)
+        yield goal_rank, goal_value, request_rank
 
 
 def shortest_dialogue(config: DialogueConfig) -> int:

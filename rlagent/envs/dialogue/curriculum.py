@@ -21,12 +21,13 @@ def level_config(level: int, **overrides) -> DialogueConfig:
     return DialogueConfig(level=level, **overrides)
 
 
-def horizon_config(shortest: int, **persona_fields) -> DialogueConfig:
+def horizon_config(shortest: int, task_split: str = "all", **persona_fields) -> DialogueConfig:
     """A short-answer config whose shortest dialogue is exactly `shortest` turns (3..20).
 
     `shortest - 2` is split into constraints C = min(6, ceil(n / 2)), requests
     R = min(6, n - C) and off-topic remarks (the rest); `persona_fields` set the persona
-    (patience, feedback; not answers or volunteers, which would change the horizon).
+    (patience, feedback; not answers or volunteers, which would change the horizon);
+    `task_split` is the config's held-out goals split (DialogueConfig.task_split).
     """
     if not 3 <= shortest <= MAX_HORIZON:
         raise ValueError(f"shortest must be in [3, {MAX_HORIZON}], got {shortest}")
@@ -37,6 +38,8 @@ def horizon_config(shortest: int, **persona_fields) -> DialogueConfig:
     constraints = min(6, (n + 1) // 2)
     requests = min(6, n - constraints)
     persona = Persona(chats=n - constraints - requests, **persona_fields)
-    config = DialogueConfig(num_constraints=constraints, num_requests=requests, persona=persona)
+    config = DialogueConfig(
+        num_constraints=constraints, num_requests=requests, persona=persona, task_split=task_split
+    )
     assert config.shortest == shortest
     return config

@@ -79,6 +79,7 @@ from rlagent.envs.dialogue.types import Signals
 from rlagent.envs.dialogue.types import State
 from rlagent.envs.dialogue.types import StepType
 from rlagent.envs.dialogue.types import TimeStep
+from rlagent.envs.splits import heldout_config
 
 
 class DialogueEnv:
@@ -135,7 +136,8 @@ class DialogueEnv:
     )
 
     def reset(self, key: jax.Array) -> tuple[State, TimeStep]:
-        """Samples a catalogue and a goal (`generator`); returns the user's opening."""
+        """Samples a catalogue and a goal (`generator`; of `config.task_split`'s side of
+        the held-out goals); returns the user's opening."""
         state = generator.generate(self.config, key)
         timestep = TimeStep(
             step_type=jnp.int8(StepType.FIRST),
@@ -170,6 +172,11 @@ class DialogueEnv:
         valid = fsm.ended & ~fsm.broken
         kinds = jnp.where(valid, fsm.kinds, Act.NONE)
         return _Parsed(kinds=kinds, args=fsm.args, valid=valid)
+
+    def heldout_env(self) -> DialogueEnv:
+        """This environment drawing only held-out goals (`task_split='heldout'`); the
+        training env must draw none of them (`task_split='train'`)."""
+        return DialogueEnv(heldout_config(self.config, "goals"))
 
     def observe(self, state: State) -> Observation:
         return Observation(tokens=state.obs, progress=state.marker)

@@ -9,9 +9,18 @@ every other entity that would meet the whole goal is changed on the first constr
 * the target is the only entity that meets the goal, and
 * a query on any strict subset of the constraints returns (as its first match) an entity
   that does not: the agent must learn every constraint before it can recommend well.
+
+Held-out goals (`DialogueConfig.task_split`): a dialogue's *cell* is its goal, the
+constraint attributes by agenda rank with their values and the requested attributes by
+rank; `config.heldout_goals` holds out a fixed pseudo-random quarter of the goals (a hash
+of the cell index). With `task_split='train'` a dialogue is redrawn (from
+`fold_in(key, attempt)`) until its goal is not held out, with `'heldout'` until it is,
+so no held-out goal is ever trained on; `'all'` draws once, as before.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -19,12 +28,35 @@ import numpy as np
 
 from rlagent.envs.dialogue import messages
 from rlagent.envs.dialogue.config import DialogueConfig
+from rlagent.envs.dialogue.config import heldout_goals
 from rlagent.envs.dialogue.types import Marker
 from rlagent.envs.dialogue.types import State
+from rlagent.envs.splits import draw_split
+
+# Redraws of a split dialogue before giving up (then the last draw is kept, unfit):
+# splits.MAX_SPLIT_ATTEMPTS = 256. Goals are drawn uniformly, so one draw fits with
+# p = 1 - f ('train') or f ('heldout'), f the held-out fraction of the config's goals, and
+# P(no fit) = (1 - p)^256. At the levels f is 1/6 (level 1: 2 of 12 goals) to 1/4
+# (docs/dialogue.md): P(no fit) < 1e-20 for 'heldout', < 1e-150 for 'train'.
 
 
 def generate(config: DialogueConfig, key: jax.Array) -> State:
-    """A fresh dialogue `State` from `key` (jit/vmap-safe)."""
+    """A fresh dialogue `State` from `key` (jit/vmap-safe).
+
+    With `config.task_split` other than 'all', redrawn until the goal is of the split
+    (module docstring); 'all' is one draw, `_generate(config, key)`.
+    """
+    draw, heldout = functools.partial(_generate, config), functools.partial(heldout_goal, config)
+    return draw_split(config.task_split, draw, heldout, key)
+
+
+def heldout_goal(config: DialogueConfig, state: State) -> jax.Array:
+    """[] bool (or batched): the dialogue's goal is held out (`config.heldout_goals`)."""
+    return heldout_goals(config, state.goal_rank, state.goal_value, state.request_rank)
+
+
+def _generate(config: DialogueConfig, key: jax.Array) -> State:
+    """One draw of a dialogue from `key` (`generate` without the split)."""
     n, a, v = config.num_entities, config.num_attributes, config.num_values
     c, r = config.num_constraints, config.num_requests
     draws = _uniforms(key, kb=(n, a), order=(a,), target=(), near=(n,), shift=(c,),

@@ -4,7 +4,8 @@ Written from the rules in `rlagent.envs.dialogue.env`'s docstring with ordinary 
 statements, as an independent check of the vectorised JAX dynamics: differential tests
 load a JAX reset state (`load`, so both play the same catalogue, goal and feedback
 draws) and replay the same turns on both. `reset` samples a dialogue from the
-generator's rules (`rlagent.envs.dialogue.generator`) with Python's `random`.
+generator's rules (`rlagent.envs.dialogue.generator`) with Python's `random`, redrawn
+until its goal is on the config's side of the held-out goals (`heldout_goal`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rlagent.envs.dialogue.dsl import ArgClass
 from rlagent.envs.dialogue.types import Marker
 from rlagent.envs.dialogue.types import Signals
 from rlagent.envs.dialogue.types import StepType
+from rlagent.envs.splits import heldout_index_int
 
 T = dsl.TOKEN_IDS
 _EMPTY = [dsl.PAD] * 3
@@ -100,7 +102,34 @@ class ReferenceDialogue:
         return RefState(**values)
 
     def reset(self, rng: random.Random) -> RefState:
-        """A dialogue sampled by the generator's rules (not the same draws as JAX's)."""
+        """A dialogue sampled by the generator's rules (not the same draws as JAX's); with a
+        `task_split`, redrawn until its goal is of the split."""
+        state = self._draw(rng)
+        if self.config.task_split != "all":
+            want = self.config.task_split == "heldout"
+            while self.heldout_goal(state) != want:
+                state = self._draw(rng)
+        return state
+
+    def heldout_goal(self, state: RefState) -> bool:
+        """Whether the goal is held out (`config.heldout_goals`, in plain integers): the
+        constraints by rank as digits attribute * V + value, then the requested
+        attributes by rank, in mixed radix; the hash of the index modulo 2**32."""
+        cfg = self.config
+        a, v = cfg.num_attributes, cfg.num_values
+        constraints = sorted((x for x in range(a) if state.goal_rank[x] < a),
+                             key=lambda x: state.goal_rank[x])  # fmt: skip
+        requests = sorted((x for x in range(a) if state.request_rank[x] < a),
+                          key=lambda x: state.request_rank[x])  # fmt: skip
+        index = 0
+        for x in constraints:
+            index = index * a * v + x * v + state.goal_value[x]
+        for x in requests:
+            index = index * a + x
+        return heldout_index_int(index)
+
+    def _draw(self, rng: random.Random) -> RefState:
+        """One draw of a dialogue (`reset` without the split)."""
         cfg = self.config
         n, a, v, c, r = (cfg.num_entities, cfg.num_attributes, cfg.num_values,
                          cfg.num_constraints, cfg.num_requests)  # fmt: skip

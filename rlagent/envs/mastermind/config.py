@@ -1,4 +1,5 @@
-"""Configuration of Mastermind: TextArena's game parameters, the token interface, verdict.
+"""Configuration of Mastermind: TextArena's game parameters, the token interface, verdict,
+the code space (`all_codes`) and its held-out codes (`heldout_codes`).
 
 Game fields carry TextArena's names (`textarena/envs/Mastermind/env.py`,
 `MastermindEnv.__init__`), so a registered configuration's kwargs build a config as they
@@ -20,13 +21,27 @@ before the current one is counted, so a game allows max_turns + 1 valid guesses 
 is; `guess_limit`). Invalid moves do not count as guesses: `error_allowance` (TextArena's
 `SinglePlayerState` default, 1) consecutive invalid moves are warned, the next one ends
 the game.
+
+Held-out codes (`task_split`): a code's *cell* is the code itself, its index in mixed
+radix over num_numbers (`heldout_codes`); a fixed pseudo-random quarter of the codes is
+held out (`rlagent.envs.splits`, as in ToolWorld and the dialogue).
+'train' never draws a held-out secret, 'heldout' draws only held-out ones
+(`Mastermind.heldout_env`), 'all' draws as before.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import numbers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlagent.envs.splits import check_split
+from rlagent.envs.splits import heldout_index
 
 LEVELS: dict[str, dict[str, object]] = {
     "tiny": dict(code_length=2, num_numbers=4, max_turns=6, duplicate_numbers=False),
@@ -77,12 +92,17 @@ class MastermindConfig:
     max_enumerated_codes: int = 65536  # largest code space enumerated (exact verdict, oracle).
     verdict_invalid: float = -1.0  # verdict of an invalid move (<= 0).
     oracle_candidates: int = 1024  # random candidates of the oracle in unenumerated spaces.
+    # Held-out codes: a fixed quarter of the codes (`heldout_codes`); 'train' secrets are
+    # none of them, 'heldout' secrets only them, 'all' draws as before (ToolWorld's
+    # splits.TASK_SPLITS).
+    task_split: str = "all"
 
     def __post_init__(self):
         if self.digit_tokens is None:
             object.__setattr__(self, "digit_tokens", self.num_numbers)
         self._check_types()
         self._check_ranges()
+        self._check_split()
 
     @property
     def num_codes(self) -> int:
@@ -157,6 +177,46 @@ class MastermindConfig:
             self._fail("verdict_invalid", "must be <= 0")
         if self.oracle_candidates < 1:
             self._fail("oracle_candidates", "must be >= 1")
+        check_split(self.task_split, self._fail)
+
+    def _check_split(self):
+        """A split of an enumerable code space needs codes on both sides (larger spaces hold
+        out a quarter, up to sampling noise far below one code)."""
+        if self.task_split == "all" or self.num_codes > self.max_enumerated_codes:
+            return
+        with jax.ensure_compile_time_eval():  # concrete even if built under a trace.
+            held = int(np.sum(np.asarray(heldout_codes(self, all_codes(self)))))
+        if held in (0, self.num_codes):
+            self._fail(
+                "task_split",
+                f"needs codes on both sides, but the {self.num_codes} codes hold out {held} "
+                f"and leave {self.num_codes - held} for training",
+            )
+
+
+def all_codes(config: MastermindConfig) -> np.ndarray:
+    """`[C, L]` int32 every code of the config, in lexicographic order (C = num_codes)."""
+    numbers = range(1, config.num_numbers + 1)
+    if config.duplicate_numbers:
+        codes = itertools.product(numbers, repeat=config.code_length)
+    else:
+        codes = itertools.permutations(numbers, config.code_length)
+    return np.asarray(list(codes), np.int32).reshape(-1, config.code_length)
+
+
+def heldout_codes(config: MastermindConfig, codes) -> jax.Array:
+    """`[...]` bool: whether each code `[..., L]` (numbers 1..N) is held out.
+
+    A code's cell is its index in mixed radix over N = num_numbers: digit i (number d_i)
+    adds (d_i - 1) * N**i, modulo 2**32 (the exact index while N**L < 2**32; defined with
+    or without duplicates). It is held out iff `splits.heldout_index(index)`: a fixed
+    pseudo-random quarter.
+    """
+    n = config.num_numbers
+    weights = np.array([pow(n, i, 1 << 32) for i in range(config.code_length)], np.uint32)
+    digits = (jnp.asarray(codes) - 1).astype(jnp.uint32)
+    index = jnp.sum(digits * jnp.asarray(weights), axis=-1, dtype=jnp.uint32)
+    return heldout_index(index)
 
 
 def level_config(level: str, **overrides) -> MastermindConfig:

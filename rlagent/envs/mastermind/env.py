@@ -1,8 +1,11 @@
 """Mastermind on the environment protocol: TextArena's `MastermindEnv`, one move a turn.
 
-The secret is L numbers in 1..N (distinct unless `duplicate_numbers`). A move is one
-guess, L digit tokens then END. TextArena's rules (textarena 0.7.4,
-`envs/Mastermind/env.py` with `SinglePlayerState`), ported as they are:
+The secret is L numbers in 1..N (distinct unless `duplicate_numbers`), uniform over the
+codes; `task_split` restricts it to the training or the held-out codes
+(`config.heldout_codes`; redrawn at reset until it fits, `MAX_SPLIT_ATTEMPTS`), and
+`heldout_env` is the held-out game. A move is one guess, L digit tokens then END.
+TextArena's rules (textarena 0.7.4, `envs/Mastermind/env.py` with `SinglePlayerState`),
+ported as they are:
 
 * A move is invalid, checked in this order, when it is not a bracketed list of numbers
   (here: a non-digit token before END, or nothing before END), has another length than L,
@@ -34,6 +37,7 @@ does not win); `violations` (1 on an invalid move); `success` (the winning move)
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from typing import NamedTuple
@@ -46,8 +50,12 @@ from rlagent.envs.base import StepType
 from rlagent.envs.base import TokenSpec
 from rlagent.envs.mastermind import rules
 from rlagent.envs.mastermind.config import MastermindConfig
+from rlagent.envs.mastermind.config import all_codes
+from rlagent.envs.mastermind.config import heldout_codes
 from rlagent.envs.mastermind.rules import END
 from rlagent.envs.mastermind.rules import PAD
+from rlagent.envs.splits import draw_split
+from rlagent.envs.splits import heldout_config
 
 PLAYING, WON, LOST = 1, 2, 3  # progress[0]
 CLEAR, WARNED = 1, 3  # progress[1]
@@ -107,7 +115,7 @@ class Mastermind:
         self.config = MastermindConfig() if config is None else config
         self.vocab = rules.Vocabulary.of(self.config)
         # The enumerated code space: a jit constant (a few hundred KiB at most).
-        self._codes = rules.all_codes(self.config) if self.config.enumerated else None
+        self._codes = all_codes(self.config) if self.config.enumerated else None
         # Orders of the L positions, for the counting oracle of large duplicate spaces.
         self._arrangements = None
         if self._codes is None and self.config.duplicate_numbers:
@@ -134,14 +142,7 @@ class Mastermind:
     def reset(self, key: jax.Array) -> tuple[State, TimeStep]:
         config = self.config
         secret_key, oracle_key = jax.random.split(key)
-        if config.duplicate_numbers:
-            secret = jax.random.randint(
-                secret_key, (config.code_length,), 1, config.num_numbers + 1
-            )
-        else:
-            secret = (
-                jax.random.permutation(secret_key, config.num_numbers)[: config.code_length] + 1
-            )
+        secret = self._draw_secret(secret_key)
         guesses = config.guess_limit
         num_codes = config.num_codes if config.enumerated else 1
         zero = jnp.int32(0)
@@ -160,6 +161,11 @@ class Mastermind:
             key=jax.random.key_data(oracle_key),
         )
         return state, self._timestep(state, self._zero_signals(), StepType.FIRST)
+
+    def heldout_env(self) -> Mastermind:
+        """This Mastermind drawing only held-out secrets (`task_split='heldout'`); the
+        training env must draw none of them (`task_split='train'`)."""
+        return Mastermind(heldout_config(self.config, "codes"))
 
     def step(self, state: State, action: jax.Array) -> tuple[State, TimeStep]:
         """One move `action [L + 1]`; an ended game is absorbing (zero signals, LAST)."""
@@ -242,6 +248,20 @@ class Mastermind:
         }
 
     # -- helpers -------------------------------------------------------------------------
+
+    def _draw_secret(self, key: jax.Array) -> jax.Array:
+        """`[L]` int32 the secret of a reset: one uniform draw, or with a `task_split` other
+        than 'all' redrawn from `fold_in(key, attempt)` until it is of the split.
+
+        At most splits.MAX_SPLIT_ATTEMPTS = 256 draws (then the last is kept, unfit).
+        One draw fits with p, the fraction of the split's side of the codes (0.23 to 0.26
+        held out at every level), so P(no fit) = (1 - p)^256: below 1e-29 for 'heldout',
+        1e-148 for 'train'; 2e-10 for a side of 1 code in 12. The oracle's key is split
+        off before, so redraws leave it as it is.
+        """
+        config = self.config
+        draw = functools.partial(_uniform_code, config)
+        return draw_split(config.task_split, draw, functools.partial(heldout_codes, config), key)
 
     def _move(self, state: State, action: jax.Array) -> tuple[State, Signals]:
         config, vocab = self.config, self.vocab
@@ -418,6 +438,15 @@ class Mastermind:
             observation=self.observe(state),
             signals=signals,
         )
+
+
+def _uniform_code(config: MastermindConfig, key: jax.Array) -> jax.Array:
+    """`[L]` int32 a uniformly random code (distinct numbers unless duplicate_numbers)."""
+    if config.duplicate_numbers:
+        code = jax.random.randint(key, (config.code_length,), 1, config.num_numbers + 1)
+    else:
+        code = jax.random.permutation(key, config.num_numbers)[: config.code_length] + 1
+    return code.astype(jnp.int32)
 
 
 def _completion(state: State, config: MastermindConfig) -> jax.Array:

@@ -1,4 +1,5 @@
-"""Mastermind's vocabulary, peg evaluation, code space and the text of a turn.
+"""Mastermind's vocabulary, peg evaluation and the text of a turn (the code space and its
+held-out codes: `config.all_codes`, `config.heldout_codes`).
 
 Vocabulary (`Vocabulary`), in order: PAD, END, the digit tokens of numbers 1..D
 (D = `digit_tokens`), black-peg counts B0..BL, white-peg counts W0..WL, then the status
@@ -13,7 +14,6 @@ matched digits), in closed form: black = #{i: g_i = s_i}, white = sum_d min(#_d(
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -119,13 +119,3 @@ def pegs(secret: jax.Array, guess: jax.Array, num_values: int) -> tuple[jax.Arra
 def digit_counts(codes: jax.Array, num_values: int) -> jax.Array:
     """`[..., num_values + 1]` int32 count of each number in codes `[..., L]`."""
     return jnp.sum(jax.nn.one_hot(codes, num_values + 1, dtype=jnp.int32), axis=-2)
-
-
-def all_codes(config: MastermindConfig) -> np.ndarray:
-    """`[C, L]` int32 every code of the config, in lexicographic order (C = num_codes)."""
-    numbers = range(1, config.num_numbers + 1)
-    if config.duplicate_numbers:
-        codes = itertools.product(numbers, repeat=config.code_length)
-    else:
-        codes = itertools.permutations(numbers, config.code_length)
-    return np.asarray(list(codes), np.int32).reshape(-1, config.code_length)

@@ -29,6 +29,7 @@ import dataclasses
 import math
 import numbers
 
+from rlagent.envs.splits import check_split
 from rlagent.envs.toolworld import dsl
 from rlagent.envs.toolworld.guardrail import GUARDRAIL_MODES
 from rlagent.envs.toolworld.types import TaskKind
@@ -51,12 +52,6 @@ LEVEL_KINDS: dict[int, tuple[TaskKind, ...]] = {
     4: INTENT_KINDS,
 }
 SCENARIOS = ("agent", "dialogue")
-# Task splits (`ToolWorldConfig.task_split`): every episode, only episodes without a
-# held-out task cell, only episodes with at least one (`generator.heldout_cells`).
-TASK_SPLITS = ("all", "train", "heldout")
-# One cell in HELDOUT_MOD is held out; the salt fixes which (part of the split's definition).
-HELDOUT_MOD = 4
-HELDOUT_SALT = 0x5EED_7A5C
 # Verdict presets: (verdict_bye_failed, verdict_wrong_final, verdict_unneeded_lookup).
 VERDICT_PRESETS: dict[str, tuple[float, float, float]] = {
     "clean": (0.0, -2.0, 0.0),
@@ -106,7 +101,7 @@ class ToolWorldConfig:
     verdict_unneeded_lookup: float | None = None  # lookup before change_address (0, +1).
     # Held-out tasks: a fixed quarter of the (intent kind, order, item, address) cells is
     # held out; 'train' episodes hold none of them, 'heldout' episodes at least one, 'all'
-    # samples as before (TASK_SPLITS, `generator.heldout_cells`).
+    # samples as before (`rlagent.envs.splits`, `generator.heldout_cells`).
     task_split: str = "all"
 
     def __post_init__(self):
@@ -174,8 +169,7 @@ class ToolWorldConfig:
             self._fail("penalty", "must be >= 0")
         if self.verdict not in VERDICT_PRESETS:
             self._fail("verdict", f"must be one of {tuple(VERDICT_PRESETS)}")
-        if self.task_split not in TASK_SPLITS:
-            self._fail("task_split", f"must be one of {TASK_SPLITS}")
+        check_split(self.task_split, self._fail)
 
     def _fill_level_defaults(self):
         """kinds, num_intents, num_distractors and max_turns from the level, then checked."""

@@ -70,7 +70,6 @@ episode or not (termination), and build what the agent reads next (observation).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -80,6 +79,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlagent.envs.base import TokenSpec
+from rlagent.envs.splits import heldout_config
 from rlagent.envs.toolworld import dsl
 from rlagent.envs.toolworld import generator
 from rlagent.envs.toolworld import guardrail
@@ -185,12 +185,7 @@ class ToolWorld:
     def heldout_env(self) -> ToolWorld:
         """This ToolWorld drawing only held-out tasks (`task_split='heldout'`); the training
         env must draw none of them (`task_split='train'`)."""
-        if self.config.task_split != "train":
-            raise ValueError(
-                "held-out tasks need a training environment that never draws them: set "
-                f"ToolWorldConfig.task_split='train' (got {self.config.task_split!r})."
-            )
-        return ToolWorld(dataclasses.replace(self.config, task_split="heldout"))
+        return ToolWorld(heldout_config(self.config, "tasks"))
 
     def observe(self, state: State) -> Observation:
         """What the agent reads before the next turn from `state` (as the last timestep's)."""

@@ -23,16 +23,18 @@ ever trained on; `'all'` draws once, as before.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlagent.envs.splits import draw_split
+from rlagent.envs.splits import fmix32
+from rlagent.envs.splits import heldout_index
 from rlagent.envs.toolworld import dsl
 from rlagent.envs.toolworld import messages
-from rlagent.envs.toolworld.config import HELDOUT_MOD
-from rlagent.envs.toolworld.config import HELDOUT_SALT
 from rlagent.envs.toolworld.config import KIND_COST
 from rlagent.envs.toolworld.config import ToolWorldConfig
 from rlagent.envs.toolworld.types import Progress
@@ -57,10 +59,9 @@ class _Tasks(NamedTuple):
     exchange_items: jax.Array  # [I] int32: a permutation, the items of exchange tasks.
 
 
-# Redraws of a split episode before giving up (then the last draw is kept, unfit). One draw
-# fits with p = (3/4)^k ('train', k intents) or 1 - (3/4)^k ('heldout'), so P(no fit) =
+# A split episode is redrawn at most splits.MAX_SPLIT_ATTEMPTS = 256 times. One draw fits
+# with p = (3/4)^k ('train', k intents) or 1 - (3/4)^k ('heldout'), so P(no fit) =
 # (1 - p)^256: about 1e-32 at k = 1 for 'heldout', 2e-12 at k = 8 for 'train'.
-MAX_SPLIT_ATTEMPTS = 256
 
 
 def generate(config: ToolWorldConfig, key: jax.Array) -> State:
@@ -72,30 +73,18 @@ def generate(config: ToolWorldConfig, key: jax.Array) -> State:
       key: a PRNG key (raw `[2]` uint32 or typed), kept in the state (with a split, the
         key of the draw that fit).
     """
-    if config.task_split == "all":
-        return _generate(config, key)
-    want = config.task_split == "heldout"
-
-    def unfit(carry):
-        attempt, state = carry
-        return (episode_heldout(config, state) != want) & (attempt < MAX_SPLIT_ATTEMPTS)
-
-    def redraw(carry):
-        attempt, _ = carry
-        return attempt + 1, _generate(config, jax.random.fold_in(key, attempt + 1))
-
-    _, state = jax.lax.while_loop(unfit, redraw, (jnp.int32(0), _generate(config, key)))
-    return state
+    draw, heldout = functools.partial(_generate, config), functools.partial(episode_heldout, config)
+    return draw_split(config.task_split, draw, heldout, key)
 
 
 def heldout_cells(
     config: ToolWorldConfig, kind: jax.Array, order: jax.Array, item: jax.Array, address
 ) -> jax.Array:
     """Whether each task cell (kind, order, item of the order, requested address) is held
-    out: `fmix32(cell index + HELDOUT_SALT) % HELDOUT_MOD == 0` (same shapes as the args)."""
+    out (`splits.heldout_index` of the cell index; same shapes as the args)."""
     n, i, a = config.num_orders, config.num_items, config.num_addresses
     cell = ((jnp.asarray(kind) * n + order) * i + item) * a + address
-    return _fmix32(cell.astype(jnp.uint32) + jnp.uint32(HELDOUT_SALT)) % HELDOUT_MOD == 0
+    return heldout_index(cell)
 
 
 def episode_heldout(config: ToolWorldConfig, state: State) -> jax.Array:
@@ -228,7 +217,7 @@ class _Draws:
     def __init__(self, key: jax.Array, size: int):
         seed = jax.random.bits(key, (2,), jnp.uint32)
         counter = jnp.arange(size, dtype=jnp.uint32)
-        words = _fmix32(seed[0] ^ _fmix32(counter * jnp.uint32(0x9E3779B9) + seed[1]))
+        words = fmix32(seed[0] ^ fmix32(counter * jnp.uint32(0x9E3779B9) + seed[1]))
         self._uniforms = (words >> 8).astype(jnp.float32) * (1.0 / (1 << 24))
         self._used = 0
 
@@ -260,12 +249,3 @@ class _Draws:
             (u[None, :] == u[:, None]) & (index[None, :] < index[:, None])
         )
         return before.sum(axis=1).astype(jnp.int32)
-
-
-def _fmix32(x: jax.Array) -> jax.Array:
-    """murmur3 32-bit finaliser: a bijective avalanche mix of uint32 words."""
-    x = x ^ (x >> 16)
-    x = x * jnp.uint32(0x85EBCA6B)
-    x = x ^ (x >> 13)
-    x = x * jnp.uint32(0xC2B2AE35)
-    return x ^ (x >> 16)

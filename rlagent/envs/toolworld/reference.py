@@ -14,9 +14,8 @@ import random
 
 import numpy as np
 
+from rlagent.envs.splits import heldout_index_int
 from rlagent.envs.toolworld import dsl
-from rlagent.envs.toolworld.config import HELDOUT_MOD
-from rlagent.envs.toolworld.config import HELDOUT_SALT
 from rlagent.envs.toolworld.config import KIND_COST
 from rlagent.envs.toolworld.config import ToolWorldConfig
 from rlagent.envs.toolworld.dsl import Command
@@ -116,7 +115,7 @@ class ReferenceToolWorld:
         cfg = self.config
         cell = ((int(kind) * cfg.num_orders + order) * cfg.num_items + item) * cfg.num_addresses
         cell += address
-        return _fmix32((cell + HELDOUT_SALT) & 0xFFFFFFFF) % HELDOUT_MOD == 0
+        return heldout_index_int(cell)
 
     def episode_heldout(self, state: RefState) -> bool:
         """Some intent task (not a distractor) of the episode has a held-out cell."""
@@ -541,12 +540,3 @@ def _zero_signals() -> Signals:
         accuracy=0.0,
         user_feedback=0.0,
     )
-
-
-def _fmix32(x: int) -> int:
-    """murmur3's 32-bit finaliser on a Python int (generator._fmix32's twin)."""
-    x ^= x >> 16
-    x = (x * 0x85EBCA6B) & 0xFFFFFFFF
-    x ^= x >> 13
-    x = (x * 0xC2B2AE35) & 0xFFFFFFFF
-    return x ^ (x >> 16)
