@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import dialogue
+from experiments.configs import dialogue_heldout
 from experiments.studies import dialogue as study
 from experiments.studies.envs import env_section
 from rlagent.analysis.report import final_mean
@@ -112,6 +113,11 @@ def test_the_sweep_is_one_run_per_user_sharing_the_envs_own():
     assert runs[0].conditions == ("outcome", "feedback/rate=0.3,noise=0.2")
     only = study.training_runs(config, ["feedback"])
     assert [run.name for run in only][-1] == "feedback_r0.3_n0.2"
+    heldout = dialogue_heldout.get_config()
+    (run,) = study.training_runs(heldout, ["rewards"])
+    assert run.conditions == ("dialogue", "rating", "feedback", "outcome", "potential")
+    assert (run.config.env.task_split, run.config.eval.tasks) == ("train", "heldout")
+    assert run.config.eval.every == run.config.train.num_updates == 40
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import pytest
 from experiments.configs import horizon_estimators_heldout
 from experiments.configs import horizon_sweep as default_config
 from experiments.configs import horizon_sweep_accel
+from experiments.configs import mastermind_heldout
 from experiments.configs import tree_rollouts
 from experiments.studies import horizon_sweep
 from rlagent.host import loop
@@ -116,6 +117,20 @@ def test_estimator_options_set_their_train_fields():
         assert {(r.config.env.task_split, r.config.eval.tasks) for r in runs} == {
             ("train", "heldout")
         }
+    ((guesses, runs),) = horizon_sweep.plan(mastermind_heldout.get_config())
+    assert guesses == 6 and [c for r in runs for c in r.conditions] == [
+        "outcome/gae_turn", "process/gae_turn", "potential/gae_turn", "process/grpo",
+        "process/gigpo",
+    ]  # fmt: skip
+    for run in runs:
+        env = run.config.env
+        assert (env.kind, env.code_length, env.num_numbers, env.task_split) == (
+            "mastermind",
+            3,
+            4,
+            "train",
+        )
+        assert env.max_turns == 5 and run.config.eval.tasks == "heldout"
     for spec, message in [
         ("grpo,grpo+lam=0.95", "'grpo\\+lam=0.95' trains what 'grpo' trains"),
         ("tree_grpo+tree_branches=x", "'tree_branches=x': 'x' is no int"),
