@@ -54,21 +54,25 @@ def pytest_configure(config):
     compile_cache.enable_compilation_cache(os.environ[_CACHE_ENV])  # as the launchers do
 
 
-# The heaviest test files (CPU seconds of their tests, `--durations` of the quiet suite at
-# f0d0692 and of the new files alone), heaviest first. Under `-n 2 --dist loadfile` a
-# worker takes the next file when it is almost done with its own; xdist's default order
-# (most tests first) left the few-test, end-to-end files for last, and the run ended on
-# one of them with the other core idle. Heaviest first (with xdist's reordering off)
-# packs the two cores evenly. Files not listed follow in collection order.
+# The heaviest test files (seconds of their tests' calls and setups, `--durations=60` of
+# the suite at 81dd6d1, re-measured when test_hf_agent.py and test_tree.py, the two
+# heaviest, had grown unlisted), heaviest first. Under `-n 2 --dist loadfile` a worker
+# takes the next file when it is almost done with its own; xdist's default order (most
+# tests first) left the few-test, end-to-end files for last, and the run ended on one of
+# them with the other core idle. Heaviest first (with xdist's reordering off) packs the
+# two cores evenly. Files not listed follow in collection order.
 HEAVY_FIRST = (
-    "studies/test_study_generalization.py", "test_reliability.py", "test_pipeline_rs_sft.py",
-    "test_train.py", "test_curriculum.py", "test_credit_lm.py", "test_rollout.py",
-    "studies/test_study_dialogue.py", "studies/test_study_strategies.py", "test_credit_mc.py",
-    "studies/test_study_process_rewards.py", "test_text_update.py", "test_bench_accel.py",
-    "test_text_toolworld.py", "test_prm.py", "test_shadow.py", "test_notebook.py",
-    "test_envs_mastermind.py", "test_models.py", "studies/test_study_horizon_sweep.py",
-    "studies/test_study_credit_accuracy.py", "test_envs_dialogue.py", "test_preference.py",
-    "studies/test_study_sparse_vs_dense.py", "test_prm_implicit.py",
+    "test_hf_agent.py", "test_tree.py", "test_pipeline_rs_sft.py", "test_train.py",
+    "studies/test_study_strategies.py", "test_credit_lm.py",
+    "studies/test_study_generalization.py", "test_preference.py", "test_curriculum.py",
+    "studies/test_study_dialogue.py", "test_reliability.py",
+    "studies/test_study_process_rewards.py", "test_bench_accel.py", "test_prm.py",
+    "test_text_update.py", "studies/test_study_credit_accuracy.py",
+    "studies/test_study_sparse_vs_dense.py", "test_warm_start.py", "test_train_parts.py",
+    "test_bench_peers.py", "studies/test_study_horizon_sweep.py", "test_notebook.py",
+    "test_text_preference.py", "test_rollout.py", "test_models.py", "test_shadow.py",
+    "test_text_toolworld.py", "test_envs_mastermind.py", "test_envs_base.py",
+    "test_envs_dialogue.py", "test_credit_mc.py", "test_prm_implicit.py",
 )  # fmt: skip
 
 
