@@ -1,0 +1,70 @@
+"""Held-out user goals vs training goals in the dialogue's 20-seed reward-form run
+(docs/dialogue_rl.md, "20 seeds on held-out goals").
+
+    python docs/results/dialogue_heldout/analysis.py docs/results/dialogue_heldout
+
+Reads the folder's metrics.csv(.gz) and writes analysis.md beside this file: per
+condition and seed, the success of the evaluation after the last update on 64 dialogues
+with held-out goals (sampled, greedy) minus the goal success of the training batch of the
+same update (the same policy, training goals, sampled), paired over seeds (mean,
+bootstrap 95% CI, sign-flip p, Holm over the 10 comparisons).
+"""
+
+import csv
+import gzip
+import os
+import sys
+
+from rlagent.analysis.paired import compare
+from rlagent.analysis.stats import holm
+
+CONDITIONS = ("dialogue", "rating", "feedback", "outcome", "potential")
+MODES = ("sampled", "greedy")
+
+
+def last_rows(folder):
+    """{condition: {seed: row}} of the last update with an evaluation."""
+    path = os.path.join(folder, "metrics.csv")
+    opener = open if os.path.exists(path) else gzip.open
+    path = path if os.path.exists(path) else path + ".gz"
+    with opener(path, "rt", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["eval_sampled_success"] not in ("", "nan")]
+    last = max(int(r["update"]) for r in rows)
+    out = {c: {} for c in CONDITIONS}
+    for r in rows:
+        if int(r["update"]) == last:
+            out[r["condition"]][int(r["seed"])] = r
+    return out
+
+
+def main(folder):
+    rows = last_rows(folder)
+    table, ps = [], []
+    for condition in CONDITIONS:
+        seeds = sorted(rows[condition])
+        train = [float(rows[condition][s]["goal_success"]) for s in seeds]
+        for mode in MODES:
+            held = [float(rows[condition][s][f"eval_{mode}_success"]) for s in seeds]
+            result = compare(train, held)
+            table.append((condition, mode, len(seeds), result))
+            ps.append(result["p_value"])
+    lines = [
+        "# Held-out goals minus training goals, same policy (last update)\n",
+        "| condition | held-out mode | seeds | training goal success (mean) | held-out success "
+        "(mean) | held-out - training [95% CI] | p (sign flip) | p (Holm, 10) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (condition, mode, n, r), p_holm in zip(table, holm(ps), strict=True):
+        d = r["diff"]
+        lines.append(
+            f"| {condition} | {mode} | {n} | {r['a']:.3f} | {r['b']:.3f} | {d['value']:+.3f} "
+            f"[{d['low']:+.3f}, {d['high']:+.3f}] | {r['p_value']:.3g} | {p_holm:.3g} |"
+        )
+    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "analysis.md")
+    with open(out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
