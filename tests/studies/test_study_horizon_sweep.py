@@ -131,6 +131,11 @@ def test_estimator_options_set_their_train_fields():
             "train",
         )
         assert env.max_turns == 5 and run.config.eval.tasks == "heldout"
+    ((guesses, runs),) = horizon_sweep.plan(mastermind_heldout.get_config("v0"))
+    env = runs[0].config.env
+    assert (guesses, env.code_length, env.num_numbers, env.max_turns) == (8, 4, 6, 7)
+    with pytest.raises(ValueError, match="unknown code 'v1'"):
+        mastermind_heldout.get_config("v1")
     for spec, message in [
         ("grpo,grpo+lam=0.95", "'grpo\\+lam=0.95' trains what 'grpo' trains"),
         ("tree_grpo+tree_branches=x", "'tree_branches=x': 'x' is no int"),
