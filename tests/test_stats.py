@@ -1,8 +1,12 @@
-"""Statistics over seeds: hand cases and invariants of rlagent.analysis.stats."""
+"""Statistics over seeds: hand cases and invariants of rlagent.analysis.stats (and the
+metrics reader of rlagent.analysis.report that result scripts use)."""
+
+import gzip
 
 import numpy as np
 import pytest
 
+from rlagent.analysis import report
 from rlagent.analysis import stats
 
 
@@ -123,3 +127,24 @@ def test_bootstrap_reps_default_environment_and_errors(monkeypatch):
         stats.bootstrap_reps()
     with pytest.raises(ValueError, match="reps=-1"):
         stats.interval_estimates(scores, reps=-1)
+
+
+def test_last_evaluation_reads_the_last_evaluated_update_plain_or_gzipped(tmp_path):
+    header = "condition,update,seed,success,eval_sampled_success\n"
+    lines = ["a,1,0,0.1,0.2", "a,1,1,0.3,nan", "a,2,0,0.5,", "b,2,0,0.4,0.6", "b,2,1,0.7,0.8",
+             "a,2,1,0.9,0.0", "a,3,0,1.0,"]  # fmt: skip
+    text = header + "\n".join(lines) + "\n"
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "metrics.csv").write_text(text)
+    (tmp_path / "zipped").mkdir()
+    with gzip.open(tmp_path / "zipped" / "metrics.csv.gz", "wt") as f:
+        f.write(text)
+    for folder in ("plain", "zipped"):
+        update, rows = report.last_evaluation(str(tmp_path / folder))
+        assert update == 2 and sorted(rows) == ["a", "b"]
+        assert sorted(rows["b"]) == [0, 1] and rows["b"][1]["eval_sampled_success"] == "0.8"
+        assert list(rows["a"]) == [1] and rows["a"][1]["success"] == "0.9"
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none" / "metrics.csv").write_text(header + "a,1,0,0.1,\n")
+    with pytest.raises(ValueError, match="no row has an evaluation"):
+        report.last_evaluation(str(tmp_path / "none"))

@@ -12,8 +12,11 @@ be computed from `summary.json` alone.
 
 from __future__ import annotations
 
+import csv
+import gzip
 import json
 import math
+import os
 from collections import defaultdict
 from collections.abc import Callable
 from collections.abc import Iterable
@@ -169,6 +172,27 @@ def _intervals(condition, per_seed, num_seeds, final_keys, reps) -> dict[str, An
 
 
 # Rows of runs: curves per seed, final values, cells of a table ---------------------------
+
+
+def last_evaluation(folder: str) -> tuple[int, dict[str, dict[int, dict[str, str]]]]:
+    """`(update, {condition: {seed: row}})`: the rows of the last update with a held-out
+    evaluation (`eval_sampled_success` set) in `folder`'s metrics.csv or metrics.csv.gz
+    (as written, strings; the committed results gzip theirs)."""
+    path = os.path.join(folder, "metrics.csv")
+    if not os.path.exists(path):
+        path += ".gz"
+    with (gzip.open if path.endswith(".gz") else open)(path, "rt", newline="") as f:
+        rows = [
+            r for r in csv.DictReader(f) if r.get("eval_sampled_success") not in ("", "nan", None)
+        ]
+    if not rows:
+        raise ValueError(f"{path}: no row has an evaluation (eval_sampled_success).")
+    last = max(int(r["update"]) for r in rows)
+    out: dict[str, dict[int, dict[str, str]]] = defaultdict(dict)
+    for r in rows:
+        if int(r["update"]) == last:
+            out[r["condition"]][int(r["seed"])] = r
+    return last, dict(out)
 
 
 def seed_curves(

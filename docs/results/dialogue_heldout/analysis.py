@@ -10,35 +10,19 @@ same update (the same policy, training goals, sampled), paired over seeds (mean,
 bootstrap 95% CI, sign-flip p, Holm over the 10 comparisons).
 """
 
-import csv
-import gzip
 import os
 import sys
 
 from rlagent.analysis.paired import compare
+from rlagent.analysis.report import last_evaluation
 from rlagent.analysis.stats import holm
 
 CONDITIONS = ("dialogue", "rating", "feedback", "outcome", "potential")
 MODES = ("sampled", "greedy")
 
 
-def last_rows(folder):
-    """{condition: {seed: row}} of the last update with an evaluation."""
-    path = os.path.join(folder, "metrics.csv")
-    opener = open if os.path.exists(path) else gzip.open
-    path = path if os.path.exists(path) else path + ".gz"
-    with opener(path, "rt", newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["eval_sampled_success"] not in ("", "nan")]
-    last = max(int(r["update"]) for r in rows)
-    out = {c: {} for c in CONDITIONS}
-    for r in rows:
-        if int(r["update"]) == last:
-            out[r["condition"]][int(r["seed"])] = r
-    return out
-
-
 def main(folder):
-    rows = last_rows(folder)
+    _, rows = last_evaluation(folder)
     table, ps = [], []
     for condition in CONDITIONS:
         seeds = sorted(rows[condition])

@@ -13,14 +13,13 @@ condition, P(tasks > keys) and the two-sided Mann-Whitney U of
 `rlagent.analysis.stats.pairwise_comparisons`, Holm over the 8 comparisons.
 """
 
-import csv
-import gzip
 import os
 import sys
 
 import numpy as np
 
 from rlagent.analysis.paired import compare
+from rlagent.analysis.report import last_evaluation
 from rlagent.analysis.stats import holm
 from rlagent.analysis.stats import pairwise_comparisons
 
@@ -28,24 +27,9 @@ CONDITIONS = ("outcome", "process", "composed", "potential")
 MODES = ("sampled", "greedy")
 
 
-def last_rows(folder):
-    """{condition: {seed: row}} of the last update with an evaluation."""
-    path = os.path.join(folder, "metrics.csv")
-    opener = open if os.path.exists(path) else gzip.open
-    path = path if os.path.exists(path) else path + ".gz"
-    with opener(path, "rt", newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["eval_sampled_success"] not in ("", "nan")]
-    last = max(int(r["update"]) for r in rows)
-    out = {c: {} for c in CONDITIONS}
-    for r in rows:
-        if int(r["update"]) == last:
-            out[r["condition"]][int(r["seed"])] = r
-    return last, out
-
-
 def main(heldout, keys):
-    update, tasks = last_rows(heldout)
-    _, same = last_rows(keys)
+    update, tasks = last_evaluation(heldout)
+    _, same = last_evaluation(keys)
     lines = [f"# Held-out tasks (`{heldout}`) vs held-out keys (`{keys}`), update {update}", ""]
     header = "| condition | mode | training | held-out tasks | difference [95% CI] | p | p (Holm) |"
     title = "## Within the held-out-tasks run: held-out success minus training success"
