@@ -2,10 +2,11 @@
 
     cd docs/results/mastermind_heldout && python baseline.py > baseline.json
 
-The game of experiments/configs/mastermind_heldout.py (a code of 3 numbers of 1..4
-without repeats, 6 guesses): 4,096 games per side and policy, uniform random play over
-the grammar (`rlagent.envs.base.random_action`) and the environment's oracle; prints the
-fraction of games won.
+The games of experiments/configs/mastermind_heldout.py (a code of 3 numbers of 1..4
+without repeats, 6 guesses; `:v0`, 4 numbers of 1..6 and 8 guesses, keys prefixed `v0_`):
+4,096 games per side and policy, uniform random play over the grammar
+(`rlagent.envs.base.random_action`) and the environment's oracle; prints the fraction
+of games won.
 """
 
 import functools
@@ -26,12 +27,20 @@ def win_rate(env, policy, games=4096):
     return float(jnp.mean(jnp.max(result.timesteps.signals.success, axis=-1) > 0))
 
 
+GAMES = {
+    "": (6, dict(code_length=3, num_numbers=4)),
+    "v0_": (8, dict(code_length=4, num_numbers=6)),
+}
+
+
 def main():
-    train = Mastermind(horizon_config(6, code_length=3, num_numbers=4, task_split="train"))
     out = {}
-    for side, env in (("train", train), ("heldout", train.heldout_env())):
-        out[f"{side}_random"] = win_rate(env, functools.partial(random_action, env))
-        out[f"{side}_oracle"] = win_rate(env, lambda state, key, env=env: env.oracle_action(state))
+    for prefix, (guesses, code) in GAMES.items():
+        train = Mastermind(horizon_config(guesses, **code, task_split="train"))
+        for side, env in (("train", train), ("heldout", train.heldout_env())):
+            out[f"{prefix}{side}_random"] = win_rate(env, functools.partial(random_action, env))
+            oracle = lambda state, key, env=env: env.oracle_action(state)  # noqa: E731
+            out[f"{prefix}{side}_oracle"] = win_rate(env, oracle)
     print(json.dumps(out))
 
 
