@@ -7,21 +7,24 @@ index. A cell is held out iff `fmix32(index + HELDOUT_SALT) % HELDOUT_MOD == 0`
 and run. A config's `task_split` (TASK_SPLITS) says which episodes reset draws: 'all'
 (one draw, as without a split), 'train' (redrawn until the episode holds no held-out
 cell) or 'heldout' (redrawn until it does), by `draw_split`; `heldout_config` is the
-config of an environment's `heldout_env()`, the evaluation side of a training split.
+config of an environment's `heldout_env()`, the evaluation side of a training split;
+`check_sides` refuses a config whose split leaves one side without a cell.
 
 The plain-Python references use `fmix32_int` / `heldout_index_int`, the same hash on
-Python ints (tests check the two agree).
+Python ints (tests check the two agree), and `draw_split_python`, the same redraw.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from collections.abc import Iterable
 from typing import Any
 from typing import TypeVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 # Every episode, only episodes without a held-out cell, only episodes with at least one.
 TASK_SPLITS = ("all", "train", "heldout")
@@ -71,6 +74,24 @@ def check_split(split: Any, fail: Callable[[str, str], Any]) -> None:
         fail("task_split", f"must be one of {TASK_SPLITS}")
 
 
+def check_sides(held: Iterable[Any], what: str, fail: Callable[[str, str], Any]) -> None:
+    """Calls `fail('task_split', message)` unless the cells have both sides: `held` yields
+    bool arrays (whether each cell is held out), read only until both sides are seen, so
+    a space is enumerated to its end only when one side is empty (the message counts
+    both sides of the `what`)."""
+    count = seen = 0
+    for chunk in held:
+        chunk = np.asarray(chunk)
+        count, seen = count + int(np.sum(chunk)), seen + chunk.size
+        if 0 < count < seen:
+            return
+    fail(
+        "task_split",
+        f"needs {what} on both sides, but the {seen} {what} hold out {count} and leave "
+        f"{seen - count} for training",
+    )
+
+
 def draw_split(
     split: str, draw: Callable[[jax.Array], T], heldout: Callable[[T], jax.Array], key
 ) -> T:
@@ -91,6 +112,16 @@ def draw_split(
         return attempt + 1, draw(jax.random.fold_in(key, attempt + 1))
 
     return jax.lax.while_loop(unfit, redraw, (jnp.int32(0), first))[1]
+
+
+def draw_split_python(split: str, draw: Callable[[], T], heldout: Callable[[T], bool]) -> T:
+    """`draw_split` for the plain-Python references: `draw()` again (from the reference's
+    own random stream) until `heldout(episode)` is the split's side; 'all' draws once."""
+    episode = draw()
+    if split != "all":
+        while heldout(episode) != (split == "heldout"):
+            episode = draw()
+    return episode
 
 
 def heldout_config(config: T, what: str) -> T:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import numbers
 
 import jax
@@ -30,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlagent.envs.dialogue import dsl
+from rlagent.envs.splits import check_sides
 from rlagent.envs.splits import check_split
 from rlagent.envs.splits import heldout_index
 
@@ -109,12 +109,6 @@ class DialogueConfig:
         self._check_sizes()
         self._fill_patience()
         self._check_split()
-
-    @property
-    def num_goals(self) -> int:
-        """Goals the generator can draw: ordered constraint and request attributes, values."""
-        goal = self.num_constraints + self.num_requests
-        return math.perm(self.num_attributes, goal) * self.num_values**self.num_constraints
 
     @property
     def preferred_acts(self) -> int:
@@ -213,23 +207,16 @@ class DialogueConfig:
         """A split needs goals on both sides. Goals are classified in enumeration order
         until both sides are seen (a few goals: a quarter is held out), so only a goal space
         that has one side empty is enumerated to its end, and then refused with its counts."""
-        check_split(self.task_split, lambda name, why: _fail(self, name, "DialogueConfig", why))
+
+        def fail(name, why):
+            _fail(self, name, "DialogueConfig", why)
+
+        check_split(self.task_split, fail)
         if self.task_split == "all":
             return
-        held = seen = 0
         with jax.ensure_compile_time_eval():  # concrete even if built under a trace.
-            for chunk in _goal_chunks(self):
-                held += int(np.sum(np.asarray(_heldout_goals_jit(self, *chunk))))
-                seen += len(chunk[0])
-                if 0 < held < seen:
-                    return
-        _fail(
-            self,
-            "task_split",
-            "DialogueConfig",
-            f"needs goals on both sides, but the {seen} goals hold out {held} and leave "
-            f"{seen - held} for training",
-        )
+            held = (_heldout_goals_jit(self, *chunk) for chunk in _goal_chunks(self))
+            check_sides(held, "goals", fail)
 
 
 def heldout_goals(config: DialogueConfig, goal_rank, goal_value, request_rank) -> jax.Array:

@@ -11,6 +11,7 @@ until its goal is on the config's side of the held-out goals (`heldout_goal`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 
 import numpy as np
@@ -22,6 +23,7 @@ from rlagent.envs.dialogue.dsl import ArgClass
 from rlagent.envs.dialogue.types import Marker
 from rlagent.envs.dialogue.types import Signals
 from rlagent.envs.dialogue.types import StepType
+from rlagent.envs.splits import draw_split_python
 from rlagent.envs.splits import heldout_index_int
 
 T = dsl.TOKEN_IDS
@@ -104,12 +106,8 @@ class ReferenceDialogue:
     def reset(self, rng: random.Random) -> RefState:
         """A dialogue sampled by the generator's rules (not the same draws as JAX's); with a
         `task_split`, redrawn until its goal is of the split."""
-        state = self._draw(rng)
-        if self.config.task_split != "all":
-            want = self.config.task_split == "heldout"
-            while self.heldout_goal(state) != want:
-                state = self._draw(rng)
-        return state
+        draw = functools.partial(self._draw, rng)
+        return draw_split_python(self.config.task_split, draw, self.heldout_goal)
 
     def heldout_goal(self, state: RefState) -> bool:
         """Whether the goal is held out (`config.heldout_goals`, in plain integers): the

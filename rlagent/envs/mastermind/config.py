@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlagent.envs.splits import check_sides
 from rlagent.envs.splits import check_split
 from rlagent.envs.splits import heldout_index
 
@@ -93,8 +94,8 @@ class MastermindConfig:
     verdict_invalid: float = -1.0  # verdict of an invalid move (<= 0).
     oracle_candidates: int = 1024  # random candidates of the oracle in unenumerated spaces.
     # Held-out codes: a fixed quarter of the codes (`heldout_codes`); 'train' secrets are
-    # none of them, 'heldout' secrets only them, 'all' draws as before (ToolWorld's
-    # splits.TASK_SPLITS).
+    # none of them, 'heldout' secrets only them, 'all' draws as before
+    # (splits.TASK_SPLITS).
     task_split: str = "all"
 
     def __post_init__(self):
@@ -185,13 +186,7 @@ class MastermindConfig:
         if self.task_split == "all" or self.num_codes > self.max_enumerated_codes:
             return
         with jax.ensure_compile_time_eval():  # concrete even if built under a trace.
-            held = int(np.sum(np.asarray(heldout_codes(self, all_codes(self)))))
-        if held in (0, self.num_codes):
-            self._fail(
-                "task_split",
-                f"needs codes on both sides, but the {self.num_codes} codes hold out {held} "
-                f"and leave {self.num_codes - held} for training",
-            )
+            check_sides([heldout_codes(self, all_codes(self))], "codes", self._fail)
 
 
 def all_codes(config: MastermindConfig) -> np.ndarray:

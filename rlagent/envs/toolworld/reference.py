@@ -10,10 +10,12 @@ world); `reset` samples a world from the same distribution with Python's `random
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 
 import numpy as np
 
+from rlagent.envs.splits import draw_split_python
 from rlagent.envs.splits import heldout_index_int
 from rlagent.envs.toolworld import dsl
 from rlagent.envs.toolworld.config import KIND_COST
@@ -103,12 +105,8 @@ class ReferenceToolWorld:
     def reset(self, rng: random.Random) -> RefState:
         """Samples a world and a task queue (same distribution as `ToolWorld.reset`); with
         a `task_split`, redraws until the episode is of its split."""
-        state = self._draw(rng)
-        if self.config.task_split != "all":
-            want = self.config.task_split == "heldout"
-            while self.episode_heldout(state) != want:
-                state = self._draw(rng)
-        return state
+        draw = functools.partial(self._draw, rng)
+        return draw_split_python(self.config.task_split, draw, self.episode_heldout)
 
     def heldout_cell(self, kind: int, order: int, item: int, address: int) -> bool:
         """Whether a task cell is held out (`generator.heldout_cells`, in plain integers)."""
