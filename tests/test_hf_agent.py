@@ -385,8 +385,9 @@ from rlagent.text import train as text_train
 model, out = sys.argv[1], sys.argv[2]
 result = {{}}
 
-def config(devices, num_updates=2, group_size=4):
-    config = _config(num_updates=num_updates, num_groups=2, group_size=group_size)
+def config(devices, num_updates=2, group_size=4):  # PPO (a critic): GRPO's advantages
+    config = _config("ppo", num_updates=num_updates, num_groups=2,  # are 0 here.
+                     group_size=group_size, num_epochs=1, num_minibatches=1)
     config.mesh.update(devices=devices, data=2 if devices > 1 else 1)
     return config
 
@@ -411,8 +412,9 @@ print(json.dumps(result))
 
 
 def test_fsdp_mesh_trains_as_one_device_and_resumes_exactly(toolworld_model, tmp_path):
-    """`--config.mesh.devices=4 --config.mesh.data=2` on 8 fake CPU devices: parameters in
-    FSDP layout, the same rows as on one device (float rounding), an exact resume; a
+    """`--config.mesh.devices=4 --config.mesh.data=2` on 8 fake CPU devices, PPO with its
+    critic: parameters in FSDP layout, the same rows as on one device (float rounding), an
+    exact resume; a
     resume on another mesh and a batch that does not split over the devices are refused."""
     script = MESH_SCRIPT.format(root=ROOT, tests=os.path.join(ROOT, "tests"))
     command = [sys.executable, "-c", script, str(toolworld_model), str(tmp_path)]

@@ -7,6 +7,7 @@ One loop (one compiled sampler) is shared by the module.
 """
 
 import copy
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +31,7 @@ from rlagent.text import check_vocab  # noqa: E402
 from rlagent.text import fork  # noqa: E402
 from rlagent.text import make_chat  # noqa: E402
 from rlagent.text import make_text_loop  # noqa: E402
+from rlagent.text import to_trajectory  # noqa: E402
 from rlagent.text.guess import GUESS_TOOL  # noqa: E402
 from rlagent.text.guess import GuessNumber  # noqa: E402
 from rlagent.text.score import make_text_score  # noqa: E402
@@ -171,6 +173,28 @@ def test_teacher_forced_scoring_gives_back_the_behaviour_log_probs(setup):
     assert np.all(logp[~mask] == 0)
 
 
+def test_scoring_reads_transcript_len_positions_and_a_longer_row_scores_nan(setup):
+    """The scorer packs into P + L positions (the longest transcript the loop allows), far
+    fewer than the trajectory's S * (O + L) slots; a row that does not fit (a trajectory the
+    loop did not make) scores NaN at its generated ids, and `to_trajectory` refuses it."""
+    traj = setup["loop"].trajectory(setup["episodes"])
+    assert CONFIG.transcript_len == 362 < token_view(traj).tokens.shape[1] == 3 * (256 + 10)
+    lengths = [len(e.tokens) for e in setup["episodes"]]
+    narrow = dataclasses.replace(CONFIG, max_prompt_len=sorted(lengths)[1] - 10)
+    assert min(lengths) <= narrow.transcript_len < max(lengths), lengths  # both kinds of row.
+    score = make_text_score(setup["chat"], setup["graphdef"], setup["config"], narrow)
+    logp, mask = np.asarray(score(setup["params"], traj)), np.asarray(traj.loss_mask)
+    for b, length in enumerate(lengths):
+        fits = length <= narrow.transcript_len
+        assert np.isnan(logp[b][mask[b]]).any() != fits, (b, length, narrow.transcript_len)
+        if fits:
+            np.testing.assert_allclose(logp[b][mask[b]], np.asarray(traj.logp)[b][mask[b]],
+                                       atol=2e-5)  # fmt: skip
+        assert np.all(logp[b][~mask[b]] == 0)
+    with pytest.raises(ValueError, match="more than TextConfig.max_prompt_len \\+ max_new"):
+        to_trajectory(setup["episodes"], narrow, setup["chat"].pad_id)
+
+
 def test_critic_values_are_read_where_the_policy_read_each_generated_id(setup):
     """V of generated id j of a transcript is the critic's value of the hidden state at
     j - 1 (the state the id was sampled from): by hand on each unpadded transcript."""
@@ -178,7 +202,7 @@ def test_critic_values_are_read_where_the_policy_read_each_generated_id(setup):
     critic.value_head.kernel.set_value(jax.random.normal(jax.random.key(3), (32, 1)))
     graphdef, params = nnx.split(critic)
     traj = setup["loop"].trajectory(setup["episodes"])
-    values = np.asarray(make_text_values(setup["chat"], graphdef)(params, traj))
+    values = np.asarray(make_text_values(setup["chat"], graphdef, CONFIG)(params, traj))
     mask = np.asarray(traj.loss_mask)
     assert np.all(values[~mask] == 0)
     for b, episode in enumerate(setup["episodes"]):

@@ -123,7 +123,7 @@ SHARDED_SCRIPT = textwrap.dedent(
             batch = sharding.shard_batch(trajectory, mesh)
         score = make_text_score(chat, graphdef, policy, text)
         batch = batch._replace(logp=score(params, batch))
-        values = make_text_values(chat, critic_graphdef) if config.uses_critic else None
+        values = make_text_values(chat, critic_graphdef, text) if config.uses_critic else None
         program = make_text_update(config, score, values=values, mesh=mesh,
                                    reference_mesh=ref_mesh)
         state = program.init(params, critic if config.uses_critic else None)
@@ -232,9 +232,10 @@ def _tiny_critic_setup():
                                  turn_len=6, tokenizer_size=500, chat=chat)  # fmt: skip
     graphdef, params = nnx.split(Llama(policy, rngs=nnx.Rngs(0)))
     critic_graphdef, critic = nnx.split(ValueLM(policy, rngs=nnx.Rngs(1)))
-    score = make_text_score(chat, graphdef, policy, TextConfig(max_new_tokens=6, obs_len=6))
+    text = TextConfig(max_new_tokens=6, obs_len=6)
+    score = make_text_score(chat, graphdef, policy, text)
     trajectory = trajectory._replace(logp=score(params, trajectory))
-    return score, make_text_values(chat, critic_graphdef), params, critic, trajectory
+    return score, make_text_values(chat, critic_graphdef, text), params, critic, trajectory
 
 
 def test_the_critic_regresses_the_returns_and_warms_up_alone():

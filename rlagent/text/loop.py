@@ -104,6 +104,14 @@ class TextConfig:
                 f"{self.temperature}, {self.top_k}, {self.top_p}"
             )
 
+    @property
+    def transcript_len(self) -> int:
+        """P + L: the longest transcript an episode of the loop can have (every transcript
+        before a turn is at most P tokens, `_check_sizes`, and a turn adds at most L). The
+        scorer, the critic and the judge read packed transcripts this wide, not the
+        trajectory's S * (O + L) slots."""
+        return self.max_prompt_len + self.max_new_tokens
+
 
 @dataclasses.dataclass(eq=False)
 class TurnRecord:
@@ -265,6 +273,12 @@ def to_trajectory(episodes: Sequence[Episode], config: TextConfig, pad_id: int) 
     if len(turns) != 1:
         raise ValueError(f"episodes of different max_turns {sorted(turns)} in one batch")
     shape = (len(episodes), turns.pop())
+    for b, episode in enumerate(episodes):  # what the scorer's packed rows can hold.
+        if len(episode.tokens) > config.transcript_len:
+            raise ValueError(
+                f"episode {b} has a transcript of {len(episode.tokens)} tokens, more than "
+                f"TextConfig.max_prompt_len + max_new_tokens = {config.transcript_len}"
+            )
     obs = np.full((*shape, config.obs_len), pad_id, np.int32)
     action = np.full((*shape, config.max_new_tokens), pad_id, np.int32)
     logp = np.zeros(action.shape, np.float32)

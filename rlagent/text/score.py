@@ -9,6 +9,12 @@ attended to) and scatters the log-probs of generated ids back to `[B, S, L]`. Wi
 loop's temperature and sampling mask these are the behaviour log-probs up to float
 rounding (`tests/test_text.py`), the ratio's denominator of a text-mode PPO.
 
+The packed rows are `TextConfig.transcript_len` (P + L) wide, the longest transcript the
+loop lets an episode have, instead of the trajectory's S * (O + L) slots: most of those
+slots are PAD (every turn's O slots are sized for the longest template read), and the LM's
+cost grows with the width. A row whose transcript would not fit scores NaN, never a
+truncated number (`to_trajectory` refuses such episodes first).
+
 `make_text_values` runs a critic (`rlagent.models.policy.ValueLM`) over the same packed
 transcripts and scatters its values back the same way: text-mode PPO's V.
 """
@@ -42,7 +48,7 @@ def make_text_score(
     @jax.jit
     def score(params: nnx.State, trajectory: Trajectory) -> jax.Array:
         lm = as_llama(nnx.merge(graphdef, params))
-        packed, hidden = _packed_hidden(lm, trajectory, chat.pad_id)
+        packed, hidden = _packed_hidden(lm, trajectory, chat.pad_id, config.transcript_len)
         log_pi = policy_log_probs(
             lm.logits(hidden[:, :-1]), temperature=config.temperature, mask=logits_mask
         )
@@ -53,7 +59,7 @@ def make_text_score(
 
 
 def make_text_values(
-    chat: ChatFormat, graphdef: nnx.GraphDef
+    chat: ChatFormat, graphdef: nnx.GraphDef, config: TextConfig
 ) -> Callable[[nnx.State, Trajectory], jax.Array]:
     """`values(critic_params, trajectory) -> [B, S, L]` float32 V of a `ValueLM` critic
     (`rlagent.models.policy`) at each generated id (0 elsewhere): the value of a token is
@@ -64,7 +70,7 @@ def make_text_values(
     @jax.jit
     def values(params: nnx.State, trajectory: Trajectory) -> jax.Array:
         critic = nnx.merge(graphdef, params)
-        packed, hidden = _packed_hidden(critic.lm, trajectory, chat.pad_id)
+        packed, hidden = _packed_hidden(critic.lm, trajectory, chat.pad_id, config.transcript_len)
         return packed.generated(critic.values(hidden[:, :-1]), trajectory)
 
     return values
@@ -73,36 +79,45 @@ def make_text_values(
 class Packed(NamedTuple):
     """A trajectory's transcripts packed to the front of each row (`pack_transcripts`)."""
 
-    order: jax.Array  # [B, T] int32: packed position t holds the token_view's order[t].
-    tokens: jax.Array  # [B, T] int32.
+    order: jax.Array  # [B, W] int32: packed position t holds the token_view's order[t].
+    tokens: jax.Array  # [B, W] int32.
     loss_mask: jax.Array  # [B, T] bool: the token_view's generated positions.
+    fits: jax.Array  # [B] bool: the row's transcript has at most W tokens.
 
     def generated(self, predicted: jax.Array, trajectory: Trajectory) -> jax.Array:
-        """`[B, T - 1]` predictions made at packed positions 0..T-2 (each of the token
-        after it) -> `[B, S, L]` at the generated ids they predict, 0 elsewhere."""
+        """`[B, W - 1]` predictions made at packed positions 0..W-2 (each of the token
+        after it) -> `[B, S, L]` at the generated ids they predict, 0 elsewhere (NaN at
+        every generated id of a row that does not fit)."""
         predicted = jnp.pad(predicted, ((0, 0), (1, 0)))  # position 0 is predicted by none.
         rows = jnp.arange(self.order.shape[0])[:, None]
-        unpacked = jnp.zeros_like(predicted).at[rows, self.order].set(predicted)
+        unpacked = jnp.zeros(self.loss_mask.shape, predicted.dtype)
+        unpacked = unpacked.at[rows, self.order].set(predicted)
+        unpacked = jnp.where(self.fits[:, None], unpacked, jnp.nan)
         unpacked = jnp.where(self.loss_mask, unpacked, 0.0)
         batch, turns, turn_len = trajectory.action_tokens.shape
         per_turn = unpacked.reshape(batch, turns, -1)
         return per_turn[..., per_turn.shape[-1] - turn_len :]
 
 
-def _packed_hidden(lm, trajectory: Trajectory, pad_id: int) -> tuple[Packed, jax.Array]:
-    """The trajectory's packed transcripts and the trunk's `[B, T, D]` hidden states."""
+def _packed_hidden(lm, trajectory: Trajectory, pad_id: int, width: int):
+    """`(Packed, [B, W, D] hidden states)`: the trajectory's transcripts packed into
+    `width` positions and the trunk's hidden states there."""
     view = token_view(trajectory)
-    order, tokens, valid = pack_transcripts(view, pad_id)
+    order, tokens, valid = pack_transcripts(view, pad_id, width)
     hidden, _ = lm(lm.embed(tokens), valid)
-    return Packed(order, tokens, view.loss_mask), hidden
+    fits = jnp.sum((view.tokens != pad_id) | view.loss_mask, axis=1) <= tokens.shape[1]
+    return Packed(order, tokens, view.loss_mask, fits), hidden
 
 
-def pack_transcripts(view, pad_id: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """`(order, packed, valid)` `[B, T]` of a `token_view`: each row's transcript (template
+def pack_transcripts(
+    view, pad_id: int, width: int | None = None
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`(order, packed, valid)` `[B, W]` of a `token_view`: each row's transcript (template
     tokens, `!= PAD`, and generated ids, `loss_mask`) moved to the front in its order
-    (`packed = tokens[order]`, stable), `valid` True on those positions."""
+    (`packed = tokens[order]`, stable), `valid` True on those positions; W = `width`
+    (a row's tokens after it are dropped), or the view's T when None or wider."""
     keep = (view.tokens != pad_id) | view.loss_mask
-    order = jnp.argsort(~keep, axis=1, stable=True)
+    order = jnp.argsort(~keep, axis=1, stable=True)[:, :width]
     return (
         order,
         jnp.take_along_axis(view.tokens, order, axis=1),

@@ -358,7 +358,7 @@ def make_text_run(
     score = make_text_score(model.chat, graphdef, policy_config, text_config)
     critic_params = None
     if preference is None:
-        program, critic_params = _update_program(config, score, model, checked, mesh)
+        program, critic_params = _update_program(config, text_config, score, model, checked, mesh)
     else:
         preference = _sized(preference, config)
         program = _dpo_program(config, score, model, (graphdef, policy_config), preference)
@@ -392,7 +392,9 @@ def critic_of(
     return check_critic(critic, model)
 
 
-def _update_program(config, score, model: AgentModel, critic: CheckedCritic | None, mesh):
+def _update_program(
+    config, text_config, score, model: AgentModel, critic: CheckedCritic | None, mesh
+):
     """`(TextUpdate, the critic's initial parameters or None)` of a PPO / GRPO run."""
     if critic is None:
         return make_text_update(config, score, mesh=mesh), None
@@ -401,7 +403,7 @@ def _update_program(config, score, model: AgentModel, critic: CheckedCritic | No
         params = sharding.shard_params(params, mesh)
     learning_rate = critic.config.learning_rate or config.learning_rate
     program = make_text_update(
-        config, score, values=make_text_values(model.chat, graphdef),
+        config, score, values=make_text_values(model.chat, graphdef, text_config),
         critic_optimizer=adamw(config, learning_rate), critic_warmup=critic.config.warmup_updates,
         mesh=mesh,
     )  # fmt: skip
