@@ -56,13 +56,13 @@ from experiments import launch
 from experiments.studies.common import build as build_setup
 from experiments.studies.text_batch import QWEN25_05B
 from experiments.studies.text_batch import TINY_QWEN
+from experiments.studies.text_batch import text_config as text_batch_config
 from experiments.studies.text_batch import text_trajectory
 from rlagent.host import provenance
 from rlagent.models import sharding
 from rlagent.models.llama import Llama
 from rlagent.models.llama import PolicyConfig
 from rlagent.text.chat import ChatFormat
-from rlagent.text.loop import TextConfig
 from rlagent.text.score import make_text_score
 from rlagent.text.update import make_text_update
 from rlagent.train.config import TrainConfig
@@ -213,7 +213,7 @@ def text_update(tiny: bool) -> dict:
     tokenizer_size = policy_config.vocab_size if tiny else QWEN25_TOKENS
     # No tokenizer: the scorer reads only the END / PAD ids and the sampling mask.
     chat = ChatFormat(None, end_id=end_id, pad_id=policy_config.pad_id, vocab_size=tokenizer_size)
-    text_config = TextConfig(max_new_tokens=turn_len, obs_len=obs_len)
+    text_config = text_batch_config(turns, obs_len, turn_len)
     score = make_text_score(chat, graphdef, policy_config, text_config)
     trajectory = text_trajectory(
         np.random.default_rng(0), batch=batch, turns=turns, obs_len=obs_len, turn_len=turn_len,

@@ -48,5 +48,11 @@ def text_trajectory(rng, *, batch, turns, obs_len, turn_len, tokenizer_size, cha
                 signals={"outcome": solved if last else 0.0}, done=last,
             ))  # fmt: skip
         episodes.append(Episode(env, [], [], [], [], records, [], []))
-    return to_trajectory(episodes, TextConfig(max_new_tokens=turn_len, obs_len=obs_len),
-                         chat.pad_id)  # fmt: skip
+    return to_trajectory(episodes, text_config(turns, obs_len, turn_len), chat.pad_id)
+
+
+def text_config(turns: int, obs_len: int, turn_len: int) -> TextConfig:
+    """The `TextConfig` of `text_trajectory`'s episodes: its transcripts fill every slot,
+    so the scorer's packed width (`TextConfig.transcript_len`) is all of turns x (O + L)."""
+    prompt = (turns - 1) * (obs_len + turn_len) + obs_len  # before the last turn.
+    return TextConfig(max_new_tokens=turn_len, obs_len=obs_len, max_prompt_len=prompt)

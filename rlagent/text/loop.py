@@ -274,9 +274,10 @@ def to_trajectory(episodes: Sequence[Episode], config: TextConfig, pad_id: int) 
         raise ValueError(f"episodes of different max_turns {sorted(turns)} in one batch")
     shape = (len(episodes), turns.pop())
     for b, episode in enumerate(episodes):  # what the scorer's packed rows can hold.
-        if len(episode.tokens) > config.transcript_len:
+        length = sum(len(turn.obs) + len(turn.action) for turn in episode.turns)
+        if length > config.transcript_len:
             raise ValueError(
-                f"episode {b} has a transcript of {len(episode.tokens)} tokens, more than "
+                f"episode {b} has a transcript of {length} tokens, more than "
                 f"TextConfig.max_prompt_len + max_new_tokens = {config.transcript_len}"
             )
     obs = np.full((*shape, config.obs_len), pad_id, np.int32)
