@@ -40,8 +40,9 @@ def pytest_configure(config):
             flags = f"{flags} --{flag}={value}".strip()
     os.environ["XLA_FLAGS"] = flags
     # Bootstrap resamples of every summary and profile plot (stats.bootstrap_reps): the
-    # suite's runs have two seeds, and 2000 resamples were most of their report time.
-    os.environ.setdefault("RLAGENT_BOOTSTRAP_REPS", "200")
+    # suite's runs have two seeds, and 2000 resamples were most of their report time (200
+    # were still a few seconds of each study test's report).
+    os.environ.setdefault("RLAGENT_BOOTSTRAP_REPS", "50")
     if _CACHE_ENV not in os.environ:  # the controller (or a lone process) makes it.
         os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix="rlagent-jax-cache-")
         os.environ[_OWNED] = str(os.getpid())

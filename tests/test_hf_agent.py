@@ -32,15 +32,15 @@ from rlagent.text.toolworld import make_toolworld_text  # noqa: E402
 from rlagent.train.evaluation import EvalConfig  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Qwen2.5-shaped (q/k/v biases, tied embeddings), 512 embedding rows for the tokenizer's
-# 500 tokens (a padded vocabulary, as real checkpoints have).
-QWEN = PolicyConfig(vocab_size=512, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1,
+# Qwen2.5-shaped (q/k/v biases, tied embeddings), 768 embedding rows for the tokenizer's
+# tokens (704: every merge its corpus has; a padded vocabulary, as real checkpoints have).
+QWEN = PolicyConfig(vocab_size=768, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1,
                     mlp_dim=64, qkv_bias=True, tie_embeddings=True, norm_eps=1e-6)  # fmt: skip
 TIMINGS = ("sample_s", "update_s", "time_s")
 BFCL_TASK = "multi_turn_base_100"  # the fewest tools of the category.
 
 
-def _model_folder(folder, tools, texts, vocab_size=500, config=QWEN):
+def _model_folder(folder, tools, texts, vocab_size=768, config=QWEN):
     """A checkpoint folder: random tensors, and a tokenizer whose merges know the prompts."""
     corpus = [json.dumps(tool) for tool in tools] * 3 + list(texts) * 3
     tiny_tokenizer(vocab_size=vocab_size, corpus=corpus).save_pretrained(folder)
@@ -63,7 +63,7 @@ def _config(algorithm="grpo", **train):
     config.train.update(
         {**dict(num_updates=2, num_groups=1, group_size=2, learning_rate=1e-2), **train}
     )
-    config.sampling.update(max_new_tokens=6, obs_len=1280, max_prompt_len=1408)
+    config.sampling.update(max_new_tokens=6, obs_len=1100, max_prompt_len=1240)
     config.eval.update(every=0)  # evaluation has its own tests.
     return config
 
@@ -108,8 +108,8 @@ def test_the_launcher_trains_grpo_on_toolworld_text(toolworld_model, tmp_path):
     overrides = [
         "--config.env.toolworld_text.max_turns=2", "--config.train.num_updates=2",
         "--config.train.num_groups=1", "--config.train.group_size=2",
-        "--config.sampling.max_new_tokens=6", "--config.sampling.obs_len=1280",
-        "--config.sampling.max_prompt_len=1408", "--config.eval.episodes=2",
+        "--config.sampling.max_new_tokens=6", "--config.sampling.obs_len=1100",
+        "--config.sampling.max_prompt_len=1240", "--config.eval.episodes=2",
     ]  # fmt: skip
     command = [sys.executable, "-m", "experiments.hf_agent", f"--model_dir={toolworld_model}",
                "--env=toolworld_text", f"--workdir={workdir}", *overrides]  # fmt: skip
@@ -302,7 +302,7 @@ BROKEN_MODELS = {
     "no tokenizer": (_no_tokenizer, "no tokenizer transformers can load"),
     "no chat template": (_no_template, "has no chat template"),
     "vocab mismatch": (lambda f: write_checkpoint(f, dataclasses.replace(QWEN, vocab_size=256)),
-                       "vocab_size=256 is smaller than the tokenizer's 500 tokens"),
+                       "vocab_size=256 is smaller than the tokenizer's 704 tokens"),
 }  # fmt: skip
 
 
@@ -421,9 +421,9 @@ def test_fsdp_mesh_trains_as_one_device_and_resumes_exactly(toolworld_model, tmp
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    big = result["big"]  # the tied embedding [512, 32]: rows over the 2-way fsdp axis.
-    assert big["shape"] == [512, 32] and big["spec"] == "P('fsdp', None)", big
-    assert big["devices"] == 4 and big["shard"] == [256, 32]
+    big = result["big"]  # the tied embedding [768, 32]: rows over the 2-way fsdp axis.
+    assert big["shape"] == [768, 32] and big["spec"] == "P('fsdp', None)", big
+    assert big["devices"] == 4 and big["shard"] == [384, 32]
     one, mesh, part = (_rows(tmp_path / name) for name in ("one", "mesh", "part"))
     assert float(mesh[1]["kl_ref"]) > 1e-9  # the first update moved the policy.
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]  # noqa: E731
