@@ -21,6 +21,11 @@ tracing + lowering + XLA compiling, separately):
   `--text_batch` episodes of `--text_turns` turns of `--text_obs_len` template and
   `--text_turn_len` generated tokens. The reference's log-probs (forward only) are timed
   apart from the update (forward + backward + AdamW).
+* `text_width`: the `text` part on a batch whose turns after the first read
+  `--text_later_obs_len` template tokens (a tool's reply after a long system prompt),
+  timed twice in one run: scored over packed rows of `TextConfig.transcript_len` = P + L
+  positions (what the trainer does) and over all S x (O + L) slots (what it did before),
+  with the ratio.
 
 Model FLOPs (PaLM's accounting, Chowdhery et al. 2022, appendix B), per token of a
 sequence of T positions, N parameters (a tied embedding counted once: it is the LM
@@ -70,11 +75,14 @@ from rlagent.train.ppo import make_train
 
 _MAIN_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "sparse_vs_dense_full.py")
 _TINY = flags.DEFINE_bool("tiny", False, "CPU smoke shapes (tests): a tiny model and batch.")
-_PARTS = flags.DEFINE_list("parts", ["main", "text"], "Parts to run: main, text.")
+_PARTS = flags.DEFINE_list("parts", ["main", "text"], "Parts to run: main, text, text_width.")
 _TEXT_BATCH = flags.DEFINE_integer("text_batch", 8, "Episodes of the text update.")
 _TEXT_TURNS = flags.DEFINE_integer("text_turns", 2, "Turns per text episode (S).")
 _TEXT_OBS = flags.DEFINE_integer("text_obs_len", 256, "Template tokens read per turn (O).")
 _TEXT_TURN_LEN = flags.DEFINE_integer("text_turn_len", 256, "Generated tokens per turn (L).")
+_TEXT_LATER_OBS = flags.DEFINE_integer(
+    "text_later_obs_len", 32, "text_width: template tokens read by the turns after the first."
+)
 
 # Peak dense bfloat16 FLOP/s of one device, by a lower-case fragment of `device_kind`
 # (vendor datasheets, no sparsity), first match wins.
@@ -115,7 +123,7 @@ def main(argv):
     }
     settings = {name: flags.FLAGS[name].value for name in
                 ("tiny", "parts", "text_batch", "text_turns", "text_obs_len", "text_turn_len",
-                 "repeats")}  # fmt: skip
+                 "text_later_obs_len", "repeats")}  # fmt: skip
     record = provenance.collect(settings, main_config=bench_train._CONFIG.value.to_dict())
     if "main" in _PARTS.value:
         results["main"] = main_update(bench_train._CONFIG.value, _TINY.value)
@@ -123,6 +131,13 @@ def main(argv):
     if "text" in _PARTS.value:
         results["text"] = text_update(_TINY.value)
         print("text:", json.dumps(_headline(results["text"])))
+    if "text_width" in _PARTS.value:
+        later = _TEXT_LATER_OBS.value
+        widths = {w: text_update(_TINY.value, later, w) for w in ("packed", "slots")}
+        widths["slots_over_packed"] = widths["slots"]["update_s"] / widths["packed"]["update_s"]
+        results["text_width"] = widths
+        print("text_width:", json.dumps({w: _headline(widths[w]) for w in ("packed", "slots")}),
+              f"slots / packed update time {widths['slots_over_packed']:.2f}")  # fmt: skip
     results["wall_s"] = time.perf_counter() - start
     results["provenance"] = provenance.finish(record)
     if bench_train._JSON_OUT.value:
@@ -199,8 +214,9 @@ def main_update(config, tiny: bool) -> dict:
     )
 
 
-def text_update(tiny: bool) -> dict:
-    """The text-mode GRPO update of a Qwen2.5-0.5B-shaped random model (module docstring)."""
+def text_update(tiny: bool, later_obs_len: int | None = None, width: str = "packed") -> dict:
+    """The text-mode GRPO update of a Qwen2.5-0.5B-shaped random model (module docstring);
+    `width` 'slots' scores over all S x (O + L) slots instead of P + L packed positions."""
     policy_config = TINY_QWEN if tiny else QWEN25_05B
     batch, turns, obs_len, turn_len = (
         (4, 2, 16, 8) if tiny
@@ -213,11 +229,14 @@ def text_update(tiny: bool) -> dict:
     tokenizer_size = policy_config.vocab_size if tiny else QWEN25_TOKENS
     # No tokenizer: the scorer reads only the END / PAD ids and the sampling mask.
     chat = ChatFormat(None, end_id=end_id, pad_id=policy_config.pad_id, vocab_size=tokenizer_size)
-    text_config = text_batch_config(turns, obs_len, turn_len)
+    text_config = text_batch_config(turns, obs_len, turn_len, later_obs_len)
+    slots = turns * (obs_len + turn_len)
+    if width == "slots":  # a P so large that the packed rows keep every slot.
+        text_config = dataclasses.replace(text_config, max_prompt_len=slots)
     score = make_text_score(chat, graphdef, policy_config, text_config)
     trajectory = text_trajectory(
         np.random.default_rng(0), batch=batch, turns=turns, obs_len=obs_len, turn_len=turn_len,
-        tokenizer_size=tokenizer_size, chat=chat,
+        tokenizer_size=tokenizer_size, chat=chat, later_obs_len=later_obs_len,
     )  # fmt: skip
     trajectory = sharding.shard_batch(trajectory, mesh)
     # On-policy: the behaviour log-probs are the policy's own.
@@ -238,7 +257,7 @@ def text_update(tiny: bool) -> dict:
     state, metrics = update.pop("out")
     metrics = {k: float(v) for k, v in metrics.items()}
     count = _count(params)
-    length = turns * (obs_len + turn_len)
+    length = min(slots, text_config.transcript_len)  # the packed rows' width.
     tokens = batch * length
     per_token = forward_flops(policy_config, count, length)
     update_flops = 3 * per_token * tokens * train_config.num_epochs
@@ -247,7 +266,7 @@ def text_update(tiny: bool) -> dict:
         model=dataclasses.asdict(policy_config),
         params=count,
         batch=dict(episodes=batch, turns=turns, obs_len=obs_len, turn_len=turn_len,
-                   row_length=length, tokens=tokens,
+                   later_obs_len=later_obs_len, slots=slots, row_length=length, tokens=tokens,
                    generated_tokens=int(np.sum(np.asarray(trajectory.loss_mask)))),
         mesh=dict(zip(mesh.axis_names, (int(n) for n in mesh.devices.shape), strict=True)),
         largest_param=dict(shape=list(biggest.shape), spec=str(biggest.sharding.spec)),

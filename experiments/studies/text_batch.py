@@ -28,10 +28,15 @@ TINY_QWEN = dataclasses.replace(
 )  # fmt: skip
 
 
-def text_trajectory(rng, *, batch, turns, obs_len, turn_len, tokenizer_size, chat) -> object:
+def text_trajectory(
+    rng, *, batch, turns, obs_len, turn_len, tokenizer_size, chat, later_obs_len=None
+) -> object:
     """A text-loop `Trajectory` (`to_trajectory`) of random episodes: every turn reads
-    `obs_len` template ids and generates between half of `turn_len` and `turn_len` ids,
-    the last END (the rest cut); outcome 1 on the last turn of a random half."""
+    `obs_len` template ids (turns after the first `later_obs_len`, when given: a tool's
+    reply after a long system prompt) and generates between half of `turn_len` and
+    `turn_len` ids, the last END (the rest cut); outcome 1 on the last turn of a random
+    half."""
+    later = obs_len if later_obs_len is None else later_obs_len
     env = types.SimpleNamespace(max_turns=turns, signal_names=("outcome",))
     ids = [i for i in range(min(tokenizer_size, 4096)) if i not in (chat.pad_id, chat.end_id)]
     episodes = []
@@ -44,15 +49,19 @@ def text_trajectory(rng, *, batch, turns, obs_len, turn_len, tokenizer_size, cha
             action[-1] = chat.end_id
             last = turn == turns - 1
             records.append(TurnRecord(
-                obs=rng.choice(ids, obs_len).tolist(), action=action, logp=[0.0] * length,
+                obs=rng.choice(ids, later if turn else obs_len).tolist(), action=action,
+                logp=[0.0] * length,
                 signals={"outcome": solved if last else 0.0}, done=last,
             ))  # fmt: skip
         episodes.append(Episode(env, [], [], [], [], records, [], []))
-    return to_trajectory(episodes, text_config(turns, obs_len, turn_len), chat.pad_id)
+    config = text_config(turns, obs_len, turn_len, later_obs_len)
+    return to_trajectory(episodes, config, chat.pad_id)
 
 
-def text_config(turns: int, obs_len: int, turn_len: int) -> TextConfig:
-    """The `TextConfig` of `text_trajectory`'s episodes: its transcripts fill every slot,
-    so the scorer's packed width (`TextConfig.transcript_len`) is all of turns x (O + L)."""
-    prompt = (turns - 1) * (obs_len + turn_len) + obs_len  # before the last turn.
+def text_config(turns: int, obs_len: int, turn_len: int, later_obs_len=None) -> TextConfig:
+    """The `TextConfig` of `text_trajectory`'s episodes, P the longest transcript before
+    their last turn: the scorer's packed width (`TextConfig.transcript_len`, P + L) is all
+    of turns x (O + L) when every turn reads O tokens, less when later turns read fewer."""
+    later = obs_len if later_obs_len is None else later_obs_len
+    prompt = obs_len + (turns - 1) * (turn_len + later)  # before the last turn.
     return TextConfig(max_new_tokens=turn_len, obs_len=obs_len, max_prompt_len=prompt)
