@@ -222,6 +222,9 @@ def text_update(tiny: bool, later_obs_len: int | None = None, width: str = "pack
         (4, 2, 16, 8) if tiny
         else (_TEXT_BATCH.value, _TEXT_TURNS.value, _TEXT_OBS.value, _TEXT_TURN_LEN.value)
     )  # fmt: skip
+    if later_obs_len is not None and not 1 <= later_obs_len <= obs_len:
+        raise ValueError(f"--text_later_obs_len={later_obs_len} must be in 1..{obs_len}, the "
+                         "template tokens of the first turn")  # fmt: skip
     end_id = 1 if tiny else QWEN25_END_ID
     mesh = sharding.fsdp_mesh(jax.local_devices())
     graphdef, params = sharding.init_sharded(lambda: Llama(policy_config, rngs=nnx.Rngs(0)), mesh)
