@@ -222,6 +222,8 @@ def test_config_is_validated():
         dpo.DPOConfig(kind="orpo")
     with pytest.raises(ValueError, match="DPOConfig.group_size"):
         dpo.DPOConfig(group_size=1)
+    with pytest.raises(ValueError, match=r"DPOConfig.sft_steps must be in \[0, num_updates=3\]"):
+        dpo.DPOConfig(sft_steps=4, num_updates=3)
     with pytest.raises(ValueError, match="Unknown DPOConfig fields"):
         dpo.DPOConfig.from_mapping({"betta": 0.1})
     with pytest.raises(ValueError, match="Unknown judge"):
@@ -316,6 +318,44 @@ def test_offline_dpo_learns_the_logged_preferences(logged):
     assert float(metrics["dpo_loss"][0]) == pytest.approx(np.log(2.0), abs=1e-4)
     assert float(metrics["pref_accuracy"][-5:].mean()) >= 0.9
     assert float(metrics["nonfinite_loss"].sum()) == 0.0
+
+
+def test_sft_then_dpo_against_the_policy_sft_left(logged):
+    """`sft_steps`: the first steps minimise the chosen sides' mean NLL (checked by hand on
+    the first drawn batch), DPO then starts at log 2 against the policy they left (the
+    reference, kept to the end), the chunked run equals the whole one, and online DPO
+    refuses the schedule."""
+    records = logged["records"]
+    batch = pairs.records_to_pairs(records, ENV, constrained=True, level="trajectory", pad_to=32)
+    config = dpo.DPOConfig(beta=0.5, learning_rate=3e-3, pairs_per_step=8, num_updates=12,
+                           sft_steps=6, level="trajectory")  # fmt: skip
+    trainer = dpo.make_offline_dpo(config, ENV, logged["policy_config"], ROLLOUT)
+    start = trainer.init(jax.random.key(0), len(records))
+    train = jax.jit(trainer.updates, static_argnums=3)
+    ref = trainer.reference(start, batch)
+    half, first = train(start, batch, ref, 6)
+    end, second = train(half, batch, ref, 6)
+    whole, metrics = train(start, batch, ref, 12)
+    sft, dpo_loss = np.asarray(metrics["sft_nll"]), np.asarray(metrics["dpo_loss"])
+    assert np.all(np.isfinite(sft[:6])) and np.all(np.isnan(sft[6:]))
+    assert np.all(np.isnan(dpo_loss[:6])) and np.all(np.isfinite(dpo_loss[6:]))
+    assert sft[5] < sft[0]  # cloning the chosen sides raises their likelihood
+    assert dpo_loss[6] == pytest.approx(np.log(2.0), abs=1e-4)  # policy == reference
+    np.testing.assert_allclose(np.concatenate([first["sft_nll"], second["sft_nll"]]), sft)
+    leaves = jax.tree.leaves
+    for ref_leaf, sft_leaf in zip(leaves(end.ref_params), leaves(half.params), strict=True):
+        np.testing.assert_array_equal(ref_leaf, sft_leaf)
+    assert any(not np.array_equal(a, b) for a, b in
+               zip(leaves(half.params), leaves(start.params), strict=True))  # fmt: skip
+    # The first step's NLL by hand: the same draw, the start's token log-probs.
+    index = jax.random.randint(jax.random.split(start.key)[1], (8,), 0, len(records))
+    drawn = jax.tree.map(lambda x: x[index], batch)
+    logp = rollout_lib.make_score(ENV, trainer.graphdef, ROLLOUT)(start.params, drawn.chosen)[0]
+    mask = np.asarray(drawn.chosen.loss_mask) * np.asarray(drawn.weight)[:, None, None]
+    assert sft[0] == pytest.approx(-np.sum(np.asarray(logp) * mask) / mask.sum(), rel=1e-5)
+    judge = judges.make_judge(TrainConfig())
+    with pytest.raises(ValueError, match="DPOConfig.sft_steps=6"):
+        online.make_online_dpo(config, ENV, logged["policy_config"], ROLLOUT, judge=judge)
 
 
 def test_online_fork_pairs(logged):

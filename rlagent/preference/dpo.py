@@ -19,6 +19,13 @@ reference log-probs are computed once (`reference`), every update draws
 `pairs_per_step` pairs uniformly among the first `num_pairs` (a traced count, so
 data-size conditions share one program under `vmap`). `rlagent.preference.online`
 builds the online trainer on the same loss.
+
+`DPOConfig.sft_steps` puts supervised fine-tuning first (ETO's pipeline, Song et al.
+2024): the first `sft_steps` offline steps minimise minus the mean log-likelihood of
+the drawn pairs' chosen sides (every played turn's policy tokens:
+`warm_start.weighted_log_likelihood`), and DPO then takes the policy after them as its
+frozen reference. `sft_steps = num_updates` is SFT on the chosen sides alone, the
+baseline that DPO's rejected sides must beat at equal data and steps.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ from flax import nnx
 from rlagent import losses
 from rlagent.models import Policy
 from rlagent.models import PolicyConfig
+from rlagent.pipeline.warm_start import Demonstrations
+from rlagent.pipeline.warm_start import weighted_log_likelihood
 from rlagent.preference.pairs import LEVELS
 from rlagent.preference.pairs import PairBatch
 from rlagent.rollout import RolloutConfig
@@ -48,6 +57,8 @@ from rlagent.types import Trajectory
 
 LENGTH_NORMS = ("none", "tokens")
 PAIR_SOURCES = ("trajectory", "fork")
+# The diagnostics `preference_loss` returns beside the loss.
+PREFERENCE_METRICS = ("dpo_loss", "pref_accuracy", "reward_margin", "pairs")
 Metrics = dict[str, jax.Array]
 
 
@@ -70,6 +81,9 @@ class DPOConfig:
     group_size: int = 4
     num_epochs: int = 2  # online: gradient steps on each iteration's pairs.
     pairs: str = "trajectory"  # PAIR_SOURCES: K whole episodes, or K forks of one turn.
+    # Offline: SFT on the chosen sides for the first steps, then DPO against the policy
+    # they reached (0: DPO from the first step; num_updates: SFT only).
+    sft_steps: int = 0
 
     def __post_init__(self):
         choices = (("kind", losses.DPO_KINDS), ("level", LEVELS),
@@ -93,6 +107,11 @@ class DPOConfig:
             raise ValueError(f"DPOConfig.group_size must be >= 2, got {self.group_size}.")
         if self.segment_turns < 0:
             raise ValueError(f"DPOConfig.segment_turns must be >= 0, got {self.segment_turns}.")
+        if not 0 <= self.sft_steps <= self.num_updates:
+            raise ValueError(
+                f"DPOConfig.sft_steps must be in [0, num_updates={self.num_updates}], got "
+                f"{self.sft_steps}."
+            )
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> DPOConfig:
@@ -106,7 +125,7 @@ class DPOState(NamedTuple):
 
     params: Any  # policy parameters (nnx.State).
     opt_state: Any
-    ref_params: Any  # the frozen reference (the initial policy).
+    ref_params: Any  # the frozen reference (the initial policy; with sft_steps, SFT's).
     key: jax.Array
     step: jax.Array  # [] int32
     num_pairs: jax.Array  # [] int32 offline: pairs of the data drawn from (a prefix).
@@ -209,17 +228,46 @@ def make_offline_dpo(
         return state._replace(num_pairs=jnp.asarray(num_pairs, jnp.int32))
 
     def reference(state: DPOState, data: PairBatch) -> tuple[jax.Array, jax.Array]:
+        # With sft_steps the update reads the reference's log-probs of each batch itself
+        # (the reference changes when SFT ends).
         return jax.lax.stop_gradient(pair_logps(score, state.ref_params, data, config.length_norm))
+
+    def staged_loss(params, batch, ref_params, sft):
+        """SFT on the chosen sides while `sft`, else DPO against `ref_params`."""
+
+        def clone(params):
+            demos = Demonstrations(batch.chosen, batch.weight, jnp.zeros((), jnp.float32))
+            nll = -weighted_log_likelihood(score(params, batch.chosen)[0], demos)
+            return nll, {**dict.fromkeys(PREFERENCE_METRICS, jnp.nan), "sft_nll": nll}
+
+        def prefer(params):
+            ref = jax.lax.stop_gradient(pair_logps(score, ref_params, batch, config.length_norm))
+            value, metrics = loss(params, batch, ref)
+            return value, {**metrics, "sft_nll": jnp.asarray(jnp.nan, jnp.float32)}
+
+        return jax.lax.cond(sft, clone, prefer, params)
 
     def update(state: DPOState, data: PairBatch, ref) -> tuple[DPOState, Metrics]:
         key, pick_key = jax.random.split(state.key)
         index = jax.random.randint(pick_key, (config.pairs_per_step,), 0, state.num_pairs)
         batch = jax.tree.map(lambda x: x[index], data)
-        params, opt_state, metrics = guarded_step(
-            loss, state.params, state.opt_state, optimizer, batch,
-            jax.tree.map(lambda x: x[index], ref),
-        )  # fmt: skip
-        new = state._replace(params=params, opt_state=opt_state, key=key, step=state.step + 1)
+        ref_params = state.ref_params
+        if config.sft_steps:  # the reference is the policy SFT left (read from the state)
+            ref_params = jax.tree.map(
+                lambda old, now: jnp.where(state.step == config.sft_steps, now, old),
+                state.ref_params, state.params,
+            )  # fmt: skip
+            params, opt_state, metrics = guarded_step(
+                staged_loss, state.params, state.opt_state, optimizer, batch, ref_params,
+                state.step < config.sft_steps,
+            )  # fmt: skip
+        else:
+            params, opt_state, metrics = guarded_step(
+                loss, state.params, state.opt_state, optimizer, batch,
+                jax.tree.map(lambda x: x[index], ref),
+            )  # fmt: skip
+        new = state._replace(params=params, opt_state=opt_state, ref_params=ref_params,
+                             key=key, step=state.step + 1)  # fmt: skip
         return new, metrics
 
     def updates(state: DPOState, data: PairBatch, ref, length: int):

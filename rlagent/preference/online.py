@@ -106,6 +106,12 @@ def make_online_dpo(
 ) -> OnlineDPO:  # fmt: skip
     """Builds the online DPO trainer (see the module docstring); the judge closes over
     its own reward config."""
+    if config.sft_steps:
+        raise ValueError(
+            f"DPOConfig.sft_steps={config.sft_steps}: SFT before DPO is an offline schedule "
+            "(make_offline_dpo); online DPO takes its start as `params` (e.g. rejection "
+            "sampling's SFT)."
+        )
     if config.pairs == "fork" and judge.needs_carries:
         raise ValueError(
             "DPOConfig.pairs='fork' splices continuations, which have no rollout carries of "
