@@ -9,6 +9,7 @@ from experiments.configs import horizon_no_oracle
 from experiments.studies import common
 from experiments.studies import horizon_sweep
 from experiments.studies import sparse_vs_dense
+from experiments.studies import strategies
 
 # paper -> (the study that runs it, what must be among its runs).
 PAPERS = {
@@ -36,6 +37,14 @@ PAPERS = {
     ),
     "math_shepherd": ("process_rewards", {"outcome"}),
     "potential_shaping": ("sparse_vs_dense", {"outcome", "potential"}),
+    "eto_sdpo": (
+        "strategies",
+        {
+            f"{group}/{n}"
+            for group in ("offline_dpo", "offline_dpo_trajectory", "offline_sft", "offline_sft_dpo")
+            for n in (32, 128, 512)
+        },
+    ),
     "tree_grpo": (
         "horizon_sweep",
         {"outcome/gae_turn", "outcome/grpo", "outcome/gigpo", "outcome/tree_grpo"},
@@ -48,6 +57,9 @@ def _labels(study, config):
         return {
             label for _, runs in horizon_sweep.plan(config) for r in runs for label in r.conditions
         }
+    if study == "strategies":  # offline groups only: every one a data-size curve
+        sizes = common.ints(config.data_sizes, "data_sizes", "number of pairs")
+        return {f"{group}/{n}" for group in strategies._setup(config).groups for n in sizes}
     runs = (
         common.prm_runs(config)
         if study == "process_rewards"
@@ -65,6 +77,27 @@ def test_paper_config_plans_its_conditions(paper):
         " ".join(module.__doc__.split()).replace("\\ ", "")
     )
     assert _labels(study, module.get_config()) == expected
+
+
+def test_the_eto_sdpo_arms_differ_in_their_loss_and_schedule_only():
+    from experiments.configs.papers import eto_sdpo
+
+    config = eto_sdpo.get_config()
+    arms = strategies.offline_arms(config, strategies._setup(config).offline)
+    assert arms["offline_dpo"].level == "segment" and arms["offline_dpo"].sft_steps == 0
+    assert {name: (c.level, c.sft_steps) for name, c in arms.items() if name != "offline_dpo"} == {
+        "offline_dpo_trajectory": ("trajectory", 0),
+        "offline_sft": ("trajectory", 200),
+        "offline_sft_dpo": ("trajectory", 100),
+    }
+    same = {"num_updates", "pairs_per_step", "beta", "learning_rate", "kind", "length_norm"}
+    assert all(
+        all(getattr(c, f) == getattr(arms["offline_dpo"], f) for f in same) for c in arms.values()
+    )
+    assert (config.seeds, config.eval_tasks, config.env.task_split) == (20, "heldout", "train")
+    config.sft_dpo_steps = 201
+    with pytest.raises(ValueError, match=r"config.sft_dpo_steps must be in \[0, offline"):
+        strategies._setup(config)
 
 
 def test_the_long_horizon_question_config_plans_from_the_weak_start():

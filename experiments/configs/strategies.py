@@ -78,6 +78,9 @@ def get_config(kind: str = "") -> ml_collections.ConfigDict:
     config.data_sizes = "32,128,512"  # pairs: the data-size curve (one program).
     config.offline = section(DPOConfig, num_updates=200, pairs_per_step=32, beta=0.1,
                              learning_rate=1e-3, level="segment")  # fmt: skip
+    # offline_sft_dpo's SFT steps on the chosen sides before its trajectory DPO (the
+    # groups offline_dpo_trajectory / offline_sft / offline_sft_dpo: strategies.offline_arms).
+    config.sft_dpo_steps = 100
     if kind:  # another environment, on its defaults; the model takes its vocabulary.
         config.env = env_section(kind, **({"level": 2} if kind == "toolworld" else {}))
         config.model.vocab_size = None

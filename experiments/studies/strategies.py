@@ -9,7 +9,9 @@
   (`online_dpo/prm=<kind>`);
 * offline DPO on logs of a behaviour policy ranked by `config.offline_judge`, written to
   `data/behaviour_pairs.jsonl` and loaded back through the validating loader, at every
-  size of `config.data_sizes` (`offline_dpo/<pairs>`).
+  size of `config.data_sizes` (`offline_dpo/<pairs>`), and the other offline groups of
+  `offline_arms` on the same pairs and steps: DPO at the trajectory level, SFT on the
+  chosen sides, SFT then trajectory DPO (`<group>/<pairs>`).
 
 Every condition is evaluated on the same held-out tasks (`rlagent.train.evaluation`,
 sampled and greedy) at `online.num_updates // eval_every` points, evenly spaced over its
@@ -23,17 +25,17 @@ of runs trained (`GROUPS`, default all), each one program and one folder.
 
 Every group of runs trained together checkpoints after each chunk (each held-out
 evaluation), so `resume` continues a killed run exactly: `ppo/` and `grpo/` are
-`rlagent.host.loop.run` folders; `online_dpo/`, `fork_dpo/`, `online_dpo_prm/` and
-`offline_dpo/` hold the group's rows so far (`metrics.csv`) and Orbax checkpoints of its
-whole vmapped state (`checkpoints/<updates>`: parameters, optimizer states, reference,
-judge weights and accuracy, the judge's or PRM's state, PRNG keys), written after the
-rows (`loop.resume_state` restores the newest checkpoint every run's rows reach and
-drops rows past it); a finished group is read back, not trained again. The behaviour
-logs are written to a temporary file renamed when complete, then `data/logging.json`
-(their logging turns per data size and sha256): a resumed run reuses logs it finds
-complete and logs again when that file is absent (a kill while logging). A non-empty
-workdir needs `resume` (the config must equal the stored one; nothing may change) or
-`overwrite`.
+`rlagent.host.loop.run` folders; `online_dpo/`, `fork_dpo/`, `online_dpo_prm/` and every
+offline group's folder hold the group's rows so far (`metrics.csv`) and Orbax
+checkpoints of its whole vmapped state (`checkpoints/<updates>`: parameters, optimizer
+states, reference, judge weights and accuracy, the judge's or PRM's state, PRNG keys),
+written after the rows (`loop.resume_state` restores the newest checkpoint every run's
+rows reach and drops rows past it); a finished group is read back, not trained again.
+The behaviour logs are written to a temporary file renamed when complete, then
+`data/logging.json` (their logging turns per data size and sha256): a resumed run reuses
+logs it finds complete and logs again when that file is absent (a kill while logging). A
+non-empty workdir needs `resume` (the config must equal the stored one; nothing may
+change) or `overwrite`.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import os
 import time
 from typing import Any
@@ -90,7 +93,8 @@ EVAL_AS = {
 }
 # The groups of runs `config.groups` may name, in the order they train; each trains in
 # one program (PPO and GRPO: `loop.run`) and has a folder of that name in the workdir.
-GROUPS = ("ppo", "grpo", "online_dpo", "fork_dpo", "online_dpo_prm", "offline_dpo")
+OFFLINE = ("offline_dpo", "offline_dpo_trajectory", "offline_sft", "offline_sft_dpo")
+GROUPS = ("ppo", "grpo", "online_dpo", "fork_dpo", "online_dpo_prm", *OFFLINE)
 # The counts of the config (`common.check_counts`): seeds, the first seed, online
 # iterations between evaluations, held-out episodes per evaluation.
 COUNTS = {"seeds": 1, "first_seed": None, "eval_every": 1, "eval_episodes": 1}
@@ -160,10 +164,16 @@ def _setup(config: ml_collections.ConfigDict) -> _Setup:
     unknown = [name for name in groups if name not in GROUPS]
     if unknown:
         raise ValueError(f"config.groups: unknown {unknown}; known: {list(GROUPS)}.")
+    offline = DPOConfig.from_mapping(config.offline)
+    if not 0 <= config.sft_dpo_steps <= offline.num_updates:
+        raise ValueError(
+            f"config.sft_dpo_steps must be in [0, offline.num_updates={offline.num_updates}], "
+            f"got {config.sft_dpo_steps}."
+        )
     return _Setup(
         env=env, policy_config=policy_config, rollout_config=rollout_config,
         online=DPOConfig.from_mapping(config.online),
-        offline=DPOConfig.from_mapping(config.offline), ppo=ppo, seeds=seeds,
+        offline=offline, ppo=ppo, seeds=seeds,
         groups=tuple(name for name in GROUPS if name in groups),
         evaluate=_evaluator(env, policy_config, rollout_config, evaluation),
         evaluation=evaluation,
@@ -439,9 +449,12 @@ def _chunk_rows(metrics, params, runs, total, *, update: int, evaluate) -> list[
     for i, (label, seed) in enumerate(runs):
         held_out = jax.device_get(evaluate(jax.tree.map(lambda x, i=i: x[i], params)))
         row = _eval_row(label, seed, update, total[i], held_out)
-        for name in ("success", "dpo_loss", "pref_accuracy", "judge_agreement", "pairs"):
-            if name in metrics:
-                row[f"train_{name}"] = float(np.nanmean(metrics[name][i]))
+        for name in ("success", "dpo_loss", "pref_accuracy", "judge_agreement", "pairs",
+                     "sft_nll"):  # fmt: skip
+            if name in metrics:  # NaN where the chunk took none (SFT's steps: no DPO loss)
+                values = metrics[name][i]
+                finite = np.isfinite(values).any()
+                row[f"train_{name}"] = float(np.nanmean(values)) if finite else math.nan
         rows.append(row)
     return rows
 
@@ -449,23 +462,47 @@ def _chunk_rows(metrics, params, runs, total, *, update: int, evaluate) -> list[
 # --------------------------------------------------------------------------- offline DPO
 
 
+def offline_arms(config, offline: DPOConfig) -> dict[str, DPOConfig]:
+    """Each offline group's DPOConfig, all trained on the same logged pairs for the same
+    `offline.num_updates` steps: `offline_dpo` as `config.offline` sets it (segment level
+    by default: SDPO's loss), `offline_dpo_trajectory` at the trajectory level (ETO's),
+    `offline_sft` SFT on the chosen sides for every step, `offline_sft_dpo` SFT for
+    `config.sft_dpo_steps` steps, then trajectory DPO against the policy SFT left (ETO's
+    pipeline on fixed logs)."""
+    trajectory = dataclasses.replace(offline, level="trajectory", sft_steps=0)
+    return {
+        "offline_dpo": offline,
+        "offline_dpo_trajectory": trajectory,
+        "offline_sft": dataclasses.replace(trajectory, sft_steps=offline.num_updates),
+        "offline_sft_dpo": dataclasses.replace(trajectory, sft_steps=config.sft_dpo_steps),
+    }
+
+
 def _offline_rows(config, setup, workdir, *, resume: bool, progress: bool) -> list[dict[str, Any]]:
-    if "offline_dpo" not in setup.groups:
+    arms = {g: c for g, c in offline_arms(config, setup.offline).items() if g in setup.groups}
+    if not arms:
         return []
-    env, offline = setup.env, setup.offline
     sizes = common.ints(config.data_sizes, "data_sizes", "number of pairs")
     path = os.path.join(workdir, "data", "behaviour_pairs.jsonl")
     cost = _behaviour_logs(config, setup, path, max(sizes), resume=resume)
     records = pref_data.load_records(path)[: max(sizes)]
-    batch = pairs.records_to_pairs(
-        records,
-        env,
-        constrained=setup.rollout_config.constrained,
-        level=offline.level,
-        segment_turns=offline.segment_turns,
-    )
-    trainer = make_offline_dpo(offline, env, setup.policy_config, setup.rollout_config)
-    runs = [(size, seed) for size in sizes for seed in setup.seeds]
+    rows = []
+    for group, offline in arms.items():
+        batch = pairs.records_to_pairs(
+            records, setup.env, constrained=setup.rollout_config.constrained,
+            level=offline.level, segment_turns=offline.segment_turns,
+        )  # fmt: skip
+        rows += _offline_group(group, offline, batch, [(n, cost[n]) for n in sizes],
+                               config=config, setup=setup, workdir=workdir, resume=resume,
+                               progress=progress)  # fmt: skip
+    return rows
+
+
+def _offline_group(group, offline, batch, sizes, *, config, setup, workdir, resume, progress):
+    """One offline group's runs, every `(data size, its logging turns)` x seed in one
+    vmapped program, into `<workdir>/<group>`."""
+    trainer = make_offline_dpo(offline, setup.env, setup.policy_config, setup.rollout_config)
+    runs = [(size, seed) for size, _ in sizes for seed in setup.seeds]
     keys = jnp.stack([jax.random.PRNGKey(seed) for _, seed in runs])
     init = (jax.jit(jax.vmap(trainer.init)), (keys, jnp.asarray([n for n, _ in runs])))
     every, points = _points(config, offline.num_updates)
@@ -473,17 +510,18 @@ def _offline_rows(config, setup, workdir, *, resume: bool, progress: bool) -> li
     def updates(state):
         return trainer.updates(state, batch, trainer.reference(state, batch), every)
 
+    turns = dict(sizes)
     return _train_and_evaluate(
         jax.jit(jax.vmap(updates)),
         init,
-        [(f"offline_dpo/{n}", seed) for n, seed in runs],
+        [(f"{group}/{n}", seed) for n, seed in runs],
         every=every,
         points=points,
         setup=setup,
-        folder=os.path.join(workdir, "offline_dpo"),
+        folder=os.path.join(workdir, group),
         resume=resume,
         progress=progress,
-        base_turns=[cost[n] for n, _ in runs],
+        base_turns=[turns[n] for n, _ in runs],
     )
 
 
@@ -592,8 +630,8 @@ def _report(rows, config, workdir) -> dict[str, Any]:
     writer.write(rows)
     kind = study_kind(config)
     title = TITLE.format(env=f"ToolWorld level {config.env.level}" if kind == "toolworld" else kind)
-    online = [r for r in rows if not r["condition"].startswith("offline_dpo")]
-    offline = [r for r in rows if r["condition"].startswith("offline_dpo")]
+    offline = [r for r in rows if r["condition"].split("/")[0] in OFFLINE]
+    online = [r for r in rows if r["condition"].split("/")[0] not in OFFLINE]
     report.plot_curves(online + offline, os.path.join(workdir, "curves.png"), title=title, smooth=1)
     summary, data_curve, text = {}, {}, f"# {title}\n\n"  # `config.groups` may omit a part
     if online:
@@ -601,7 +639,7 @@ def _report(rows, config, workdir) -> dict[str, Any]:
         text += report.markdown_table(summary)
     if offline:
         data_curve = report.summarize(offline)
-        text += "\n## Offline DPO on behaviour-policy logs: the data-size curve\n\n"
+        text += "\n## Offline DPO and SFT on behaviour-policy logs: the data-size curve\n\n"
         text += _offline_table(data_curve, offline)
     with open(os.path.join(workdir, "summary.md"), "w") as handle:
         handle.write(text)

@@ -1,14 +1,15 @@
 """The strategies study (experiments.studies.strategies): exact resume after a SIGKILL, the
 behaviour logs on resume, and a changed config refused without touching the workdir.
 
-One tiny config (1 seed, 2 updates per chunk, the groups `online_dpo_prm` and
-`offline_dpo`: an online group whose judge is a PRM it trains, the offline group and its
-logs) is run straight once per module; the other runs compare with it. The killed run
-is the launcher in a subprocess; the resumes run in this process, which reuses the
-straight run's compiled programs (the tests that share the straight run are `slow`:
-about 90 s of CPU together, most of it compiling the straight run's programs and
-tracing them again in the killed launcher). PPO and GRPO resume through `loop.run`
-(tests/test_reliability.py kills and resumes it); here a spy checks that they ask it to.
+One tiny config (1 seed, 2 updates per chunk, the groups `online_dpo_prm`, `offline_dpo`
+and `offline_sft_dpo`: an online group whose judge is a PRM it trains, offline DPO and
+its logs, and SFT whose policy becomes DPO's reference at the second chunk) is run
+straight once per module; the other runs compare with it. The killed run is the launcher
+in a subprocess; the resumes run in this process, which reuses the straight run's
+compiled programs (the tests that share the straight run are `slow`: about 90 s of CPU
+together, most of it compiling the straight run's programs and tracing them again in the
+killed launcher). PPO and GRPO resume through `loop.run` (tests/test_reliability.py
+kills and resumes it); here a spy checks that they ask it to.
 """
 
 import json
@@ -34,14 +35,14 @@ from rlagent.preference import data as pref_data
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = {
     "seeds": 1, "eval_every": 2, "eval_episodes": 4,
-    "groups": "online_dpo_prm,offline_dpo",
+    "groups": "online_dpo_prm,offline_dpo,offline_sft_dpo", "sft_dpo_steps": 2,
     "online.num_updates": 4, "online.num_groups": 2, "online.group_size": 2,
     "online.num_epochs": 1, "judges": "outcome", "fork_judges": "outcome",
     "data_sizes": "2,4", "offline.num_updates": 4, "offline.pairs_per_step": 2,
     "log_pairs": True,
 }  # fmt: skip
 # The folders a straight run checkpoints in, and their last step.
-GROUPS = {"online_dpo_prm": 4, "offline_dpo": 4}
+GROUPS = {"online_dpo_prm": 4, "offline_dpo": 4, "offline_sft_dpo": 4}
 DATA = os.path.join("data", "behaviour_pairs.jsonl")
 
 
@@ -124,6 +125,21 @@ def test_online_pairs_are_logged_per_update_with_their_policy_and_judge(straight
     assert len(records) == pytest.approx(sum(r["train_pairs"] for r in rows) * 2)
 
 
+def test_sft_then_dpo_rows_and_report(straight):
+    """offline_sft_dpo: SFT's chunk reports its NLL and no DPO loss, the next chunk DPO's
+    loss and no NLL; its data-size rows sit in the offline table beside offline_dpo's."""
+    rows = MetricWriter(str(straight / "offline_sft_dpo")).read()
+    sft = [r for r in rows if r["update"] == 2]
+    dpo = [r for r in rows if r["update"] == 4]
+    assert len(sft) == len(dpo) == 2  # data sizes 2 and 4, one seed
+    assert all(math.isfinite(r["train_sft_nll"]) and math.isnan(r["train_dpo_loss"]) for r in sft)
+    assert all(math.isnan(r["train_sft_nll"]) and math.isfinite(r["train_dpo_loss"]) for r in dpo)
+    table = (straight / "summary.md").read_text().split("## Offline DPO and SFT")[1]
+    assert "offline_sft_dpo/4" in table and "offline_dpo/2" in table
+    offline = json.loads((straight / "summary.json").read_text())["offline"]["conditions"]
+    assert set(offline) == {f"{g}/{n}" for g in ("offline_dpo", "offline_sft_dpo") for n in (2, 4)}
+
+
 @pytest.mark.slow
 def test_killed_run_resumes_exactly(straight, tmp_path, saves):
     """The launcher (`--resume` on a missing workdir: a fresh start) is SIGKILLed once the
@@ -204,7 +220,11 @@ def test_resume_refuses_a_changed_config_and_changes_nothing(straight):
         study.run(_config(groups="ppo,dpo"), str(straight), resume=True, progress=False)
     for field, value, diff in [
         ("online.beta", 0.2, "online.beta: 0.1 -> 0.2"),
-        ("groups", "offline_dpo", "groups: 'online_dpo_prm,offline_dpo' -> 'offline_dpo'"),
+        (
+            "groups",
+            "offline_dpo",
+            "groups: 'online_dpo_prm,offline_dpo,offline_sft_dpo' -> 'offline_dpo'",
+        ),
         ("seeds", 2, "seeds: 1 -> 2"),
     ]:
         with pytest.raises(loop.RunError, match=f"^Cannot resume .*{diff}"):
