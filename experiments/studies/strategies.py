@@ -61,6 +61,7 @@ from experiments.studies.envs import env_config
 from experiments.studies.envs import kind_of
 from experiments.studies.envs import study_kind
 from experiments.studies.sections import make
+from rlagent.analysis import paired
 from rlagent.analysis import report
 from rlagent.analysis import stats
 from rlagent.credit import mc
@@ -95,6 +96,18 @@ EVAL_AS = {
 # one program (PPO and GRPO: `loop.run`) and has a folder of that name in the workdir.
 OFFLINE = ("offline_dpo", "offline_dpo_trajectory", "offline_sft", "offline_sft_dpo")
 GROUPS = ("ppo", "grpo", "online_dpo", "fork_dpo", "online_dpo_prm", *OFFLINE)
+# The offline family, pre-declared: (A, B) compared as B - A at each data size, paired over
+# seeds (an offline group's run of a seed starts from the seed's policy and draws the same
+# pairs at every step), Holm within each metric's family.
+OFFLINE_PAIRS = (
+    ("offline_dpo_trajectory", "offline_dpo"),  # SDPO: segment pairs over whole trajectories
+    ("offline_sft", "offline_sft_dpo"),  # ETO: SFT then DPO over SFT alone
+    ("offline_sft", "offline_dpo_trajectory"),  # DPO's rejected sides over SFT, equal steps
+)
+OFFLINE_METRICS = {
+    "eval_sampled_success": "held-out sampled success",
+    "eval_greedy_success": "held-out greedy success",
+}
 # The counts of the config (`common.check_counts`): seeds, the first seed, online
 # iterations between evaluations, held-out episodes per evaluation.
 COUNTS = {"seeds": 1, "first_seed": None, "eval_every": 1, "eval_episodes": 1}
@@ -110,9 +123,14 @@ def run(
     resume: bool = False,
     overwrite: bool = False,
     progress: bool = True,
+    report_only: bool = False,
 ) -> dict[str, Any]:
     """Trains and reports every strategy of `config` into `workdir` (module docstring);
-    `resume` continues a killed run exactly, refusing another config."""
+    `resume` continues a killed run exactly, refusing another config. `report_only`
+    rewrites summary.md, summary.json and curves.png from a finished run's metrics.csv
+    (its timings kept), training nothing."""
+    if report_only:
+        return _rewrite_report(config, workdir)
     setup = _setup(config)  # config errors before anything is written
     resume = prepare_workdir(
         workdir, resume=resume, overwrite=overwrite,
@@ -133,6 +151,19 @@ def run(
         workdir,
         provenance.finish({**record, "wall_s": round(time.time() - start, 1), "parts_s": timings}),
     )
+    return summary
+
+
+def _rewrite_report(config, workdir: str) -> dict[str, Any]:
+    path = os.path.join(workdir, "summary.json")
+    if not os.path.exists(path):
+        raise RunError(f"--report_only: {path} is missing: the run in {workdir} has not finished.")
+    with open(path) as handle:
+        timings = json.load(handle).get("wall_s")
+    summary = _report(MetricWriter(workdir, tensorboard=False).read(), config, workdir)
+    summary["wall_s"] = timings
+    with open(path, "w") as handle:
+        json.dump(summary, handle, indent=2)
     return summary
 
 
@@ -641,10 +672,26 @@ def _report(rows, config, workdir) -> dict[str, Any]:
         data_curve = report.summarize(offline)
         text += "\n## Offline DPO and SFT on behaviour-policy logs: the data-size curve\n\n"
         text += _offline_table(data_curve, offline)
+        data_curve["family"] = offline_family(data_curve)
+        text += paired.families_markdown(data_curve["family"], OFFLINE_METRICS)
     with open(os.path.join(workdir, "summary.md"), "w") as handle:
         handle.write(text)
     print(text)
     return {**summary, "offline": data_curve}
+
+
+def offline_family(summary, *, reps: int = 10_000) -> dict[str, list[dict[str, Any]]]:
+    """The pre-declared offline family (`OFFLINE_PAIRS` at every data size both groups
+    ran) of the offline data-size `summary` (`report.summarize`), per metric of
+    `OFFLINE_METRICS` (`paired.summary_families`: paired bootstrap, sign-flip p, Holm)."""
+    conditions = summary["conditions"]
+    pairs = [
+        (name, f"{b}/{name.split('/')[1]}")
+        for a, b in OFFLINE_PAIRS
+        for name in conditions
+        if name.split("/")[0] == a and f"{b}/{name.split('/')[1]}" in conditions
+    ]
+    return paired.summary_families(conditions, pairs, list(OFFLINE_METRICS), reps=reps)
 
 
 def _offline_table(summary, rows) -> str:

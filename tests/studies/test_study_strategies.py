@@ -140,6 +140,43 @@ def test_sft_then_dpo_rows_and_report(straight):
     assert set(offline) == {f"{g}/{n}" for g in ("offline_dpo", "offline_sft_dpo") for n in (2, 4)}
 
 
+def test_report_only_rewrites_the_report_from_the_rows(straight, tmp_path):
+    workdir = tmp_path / "copy"
+    shutil.copytree(straight, workdir)
+    (workdir / "summary.md").unlink()
+    study.run(_config(), str(workdir), report_only=True)
+    assert (workdir / "summary.md").read_text() == (straight / "summary.md").read_text()
+    assert (workdir / "summary.json").read_text() == (straight / "summary.json").read_text()
+    with pytest.raises(loop.RunError, match="summary.json is missing"):
+        study.run(_config(), str(tmp_path / "none"), report_only=True)
+
+
+def test_offline_family_pairs_each_declared_pair_at_each_size_by_seed():
+    """B - A over the seeds both ran (by hand), only for pairs whose two groups ran at a
+    size, Holm over the metric's family."""
+    rng = np.random.default_rng(0)
+    values = {(g, n, s): float(rng.uniform()) for g in ("offline_sft", "offline_sft_dpo",
+              "offline_dpo") for n in (32, 128) for s in range(6)}  # fmt: skip
+    rows = [
+        study._eval_row(f"{g}/{n}", s, u, 100.0, {"eval_sampled_success": v,
+                                                  "eval_greedy_success": 1 - v})
+        for (g, n, s), v in values.items() for u in (100, 200)
+    ]  # fmt: skip
+    family = study.offline_family(study.report.summarize(rows, reps=50), reps=200)
+    assert set(family) == set(study.OFFLINE_METRICS)
+    sampled = family["eval_sampled_success"]
+    assert [(e["a"], e["b"]) for e in sampled] == [
+        ("offline_sft/32", "offline_sft_dpo/32"),
+        ("offline_sft/128", "offline_sft_dpo/128"),
+    ]
+    for e in sampled:
+        n = int(e["a"].split("/")[1])
+        by_hand = np.mean([values["offline_sft_dpo", n, s] - values["offline_sft", n, s]
+                           for s in range(6)])  # fmt: skip
+        assert e["difference"]["value"] == pytest.approx(by_hand) and e["num_pairs"] == 6
+        assert e["p_holm"] >= e["p_value"]
+
+
 @pytest.mark.slow
 def test_killed_run_resumes_exactly(straight, tmp_path, saves):
     """The launcher (`--resume` on a missing workdir: a fresh start) is SIGKILLed once the

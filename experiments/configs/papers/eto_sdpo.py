@@ -15,6 +15,11 @@ policy ranked by the outcome, 32 / 128 / 512 pairs), the same 200 steps of 32 pa
 the same held-out tasks at 20 seeds (experiments/configs/strategies_heldout.py):
 segment DPO (SDPO's loss), trajectory DPO (ETO's), SFT on the chosen sides for all 200
 steps, and SFT for 100 steps then trajectory DPO against the SFT policy (ETO's pipeline).
+The comparisons (`strategies.OFFLINE_PAIRS`, paired over seeds, Holm over each metric's
+9): segment minus trajectory DPO (SDPO), SFT-then-DPO minus SFT (ETO), trajectory DPO
+minus SFT, at each data size. They were declared while the committed run trained, after
+its progress lines had shown the first groups' pooled held-out success, before any
+per-seed number or interval was read.
 What is not reproduced: ETO's exploration loop (failures sampled from the SFT policy,
 paired with expert trajectories, for several rounds) and SDPO's multi-party dialogue;
 here both sides of a pair come from one fixed behaviour policy.
