@@ -320,6 +320,40 @@ def test_offline_dpo_learns_the_logged_preferences(logged):
     assert float(metrics["nonfinite_loss"].sum()) == 0.0
 
 
+def test_an_open_segment_is_the_trajectory_loss(logged):
+    """Pairs that share their first turn: the shared turns' log-probs are the same on both
+    sides (the policy's context is causal) and cancel in the DPO margin, so the segment
+    level without `segment_turns` is the trajectory level (loss and gradient); a bounded
+    segment (SDPO's) is not."""
+    records = logged["records"]
+    batch = pairs.records_to_pairs(records, ENV, constrained=True, level="trajectory")
+    rejected = rollout_lib.splice(batch.chosen, batch.rejected, jnp.ones(len(records), jnp.int32))
+    first = pairs.first_difference(batch.chosen, rejected)
+    assert bool(jnp.all(first >= 1)) and bool(jnp.any(first < rejected.turn_mask.shape[1]))
+    config = dpo.DPOConfig(beta=0.5, learning_rate=3e-3, pairs_per_step=8, sft_steps=4,
+                           num_updates=4)  # fmt: skip
+    trainer = dpo.make_offline_dpo(config, ENV, logged["policy_config"], ROLLOUT)
+    start = trainer.init(jax.random.key(0), len(records))
+    moved = trainer.updates(start, batch, trainer.reference(start, batch), 4)[0].params
+    score = rollout_lib.make_score(ENV, trainer.graphdef, ROLLOUT)
+
+    def loss_and_grad(level, segment_turns=0):
+        scored = pairs.scored_turns(batch.chosen, rejected, level=level,
+                                    segment_turns=segment_turns)  # fmt: skip
+        pair = pairs.PairBatch(batch.chosen, rejected, *scored, batch.weight)
+        ref = dpo.pair_logps(score, start.params, pair, "none")
+        loss = lambda p: dpo.preference_loss(p, pair, ref, score=score, config=config)[0]  # noqa: E731
+        return jax.value_and_grad(loss)(moved)
+
+    trajectory, segment = loss_and_grad("trajectory"), loss_and_grad("segment")
+    bounded = loss_and_grad("segment", segment_turns=1)
+    assert abs(float(trajectory[0]) - np.log(2.0)) > 1e-3  # the policy moved off the reference
+    np.testing.assert_allclose(segment[0], trajectory[0], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(segment[1]), jax.tree.leaves(trajectory[1]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert abs(float(bounded[0]) - float(trajectory[0])) > 1e-4
+
+
 def test_sft_then_dpo_against_the_policy_sft_left(logged):
     """`sft_steps`: the first steps minimise the chosen sides' mean NLL (checked by hand on
     the first drawn batch), DPO then starts at log 2 against the policy they left (the

@@ -100,7 +100,9 @@ GROUPS = ("ppo", "grpo", "online_dpo", "fork_dpo", "online_dpo_prm", *OFFLINE)
 # seeds (an offline group's run of a seed starts from the seed's policy and draws the same
 # pairs at every step), Holm within each metric's family.
 OFFLINE_PAIRS = (
-    ("offline_dpo_trajectory", "offline_dpo"),  # SDPO: segment pairs over whole trajectories
+    # SDPO: segment pairs over whole trajectories (the same loss unless
+    # config.offline.segment_turns bounds the segment: docs/preference.md)
+    ("offline_dpo_trajectory", "offline_dpo"),
     ("offline_sft", "offline_sft_dpo"),  # ETO: SFT then DPO over SFT alone
     ("offline_sft", "offline_dpo_trajectory"),  # DPO's rejected sides over SFT, equal steps
 )
@@ -496,10 +498,10 @@ def _chunk_rows(metrics, params, runs, total, *, update: int, evaluate) -> list[
 def offline_arms(config, offline: DPOConfig) -> dict[str, DPOConfig]:
     """Each offline group's DPOConfig, all trained on the same logged pairs for the same
     `offline.num_updates` steps: `offline_dpo` as `config.offline` sets it (segment level
-    by default: SDPO's loss), `offline_dpo_trajectory` at the trajectory level (ETO's),
-    `offline_sft` SFT on the chosen sides for every step, `offline_sft_dpo` SFT for
-    `config.sft_dpo_steps` steps, then trajectory DPO against the policy SFT left (ETO's
-    pipeline on fixed logs)."""
+    by default: the trajectory loss unless `segment_turns` bounds it, SDPO's),
+    `offline_dpo_trajectory` at the trajectory level (ETO's), `offline_sft` SFT on the
+    chosen sides for every step, `offline_sft_dpo` SFT for `config.sft_dpo_steps` steps,
+    then trajectory DPO against the policy SFT left (ETO's pipeline on fixed logs)."""
     trajectory = dataclasses.replace(offline, level="trajectory", sft_steps=0)
     return {
         "offline_dpo": offline,

@@ -5,7 +5,10 @@ Optimization for Social Agents").
 Claims tested: DPO's rejected sides teach an agent more than supervised fine-tuning on
 the chosen sides alone (ETO: SFT, then trajectory-level DPO against the SFT policy, beats
 SFT); and segment-level pairs, scored from the first turn where the sides differ, beat
-whole-trajectory pairs (SDPO).
+whole-trajectory pairs (SDPO). A segment without an end is the trajectory loss (the
+shared turns cancel in the DPO margin), so the declared segment arm equals the
+trajectory arm; SDPO's bounded segment is `--config.offline.segment_turns=<k>` on the
+`offline_dpo` group (run post hoc: docs/results/eto_sdpo/sdpo_segments.md).
 
   python -m experiments.strategies --config=experiments/configs/papers/eto_sdpo.py \\
       --workdir=runs/paper_eto_sdpo
