@@ -293,6 +293,27 @@ def dpo_loss(
     return DPOOutput(losses, chosen_rewards, rejected_rewards)
 
 
+def weighted_log_likelihood(logp: jax.Array, mask: jax.Array, weights: jax.Array) -> jax.Array:
+    """Mean log-likelihood of the masked tokens of weighted rows (SFT's objective, negated).
+
+    `sum_{b,t} w_b m_{b,t} logp_{b,t} / max(sum_{b,t} w_b m_{b,t}, 1)`: a row of weight 0
+    (a rejected episode) counts nowhere, and no accepted token gives 0.
+
+    Args:
+      logp: `[B, ...]` float teacher-forced token log-probs (e.g. `[B, S, L]`).
+      mask: bool, shaped like `logp`: the tokens that count (the policy's own).
+      weights: `[B]` float row weights.
+
+    Returns:
+      float32 scalar.
+    """
+    _check_float("logp", logp, None)
+    _check_mask("mask", mask, logp)
+    _check_float("weights", weights, 1)
+    m = mask * weights.reshape(-1, *[1] * (logp.ndim - 1)).astype(jnp.float32)
+    return jnp.sum(logp.astype(jnp.float32) * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
 def prm_loss(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
     """Masked mean binary cross-entropy of per-step PRM logits against soft labels.
 

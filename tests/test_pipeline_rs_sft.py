@@ -9,16 +9,15 @@ import pytest
 
 from experiments.configs import rs_sft as rs_sft_config
 from experiments.studies import rs_sft
+from rlagent import losses
 from rlagent.credit import mc
 from rlagent.envs.toolworld import ToolWorld
 from rlagent.envs.toolworld import level_config
 from rlagent.pipeline.rejection import RejectionConfig
 from rlagent.pipeline.rejection import accept
 from rlagent.pipeline.rejection import best_of_n
-from rlagent.pipeline.warm_start import Demonstrations
 from rlagent.pipeline.warm_start import WarmStartConfig
 from rlagent.pipeline.warm_start import make_sft
-from rlagent.pipeline.warm_start import weighted_log_likelihood
 from rlagent.rollout import RolloutConfig
 from rlagent.train.config import TrainConfig
 from rlagent.train.ppo import make_train
@@ -69,11 +68,14 @@ def test_weighted_likelihood_equals_slicing_the_accepted_episodes():
     traj = mc.env_trajectory(env, sample(jax.random.key(0)))
     logp = -jax.random.uniform(jax.random.key(1), traj.action_tokens.shape)
     weights = jnp.asarray([1.0, 0.0, 1.0, 0.0])
-    weighted = weighted_log_likelihood(logp, Demonstrations(traj, weights, jnp.zeros(())))
+    weighted = losses.weighted_log_likelihood(logp, traj.loss_mask, weights)
     kept = jax.tree.map(lambda x: x[::2], traj)
-    sliced = weighted_log_likelihood(logp[::2], Demonstrations(kept, jnp.ones(2), jnp.zeros(())))
+    sliced = losses.weighted_log_likelihood(logp[::2], kept.loss_mask, jnp.ones(2))
     np.testing.assert_allclose(weighted, sliced, rtol=1e-6)
-    none = weighted_log_likelihood(logp, Demonstrations(traj, jnp.zeros(4), jnp.zeros(())))
+    mask = np.asarray(traj.loss_mask) * np.asarray(weights)[:, None, None]
+    by_hand = np.sum(np.asarray(logp) * mask) / mask.sum()  # the formula in NumPy
+    np.testing.assert_allclose(weighted, by_hand, rtol=1e-6)
+    none = losses.weighted_log_likelihood(logp, traj.loss_mask, jnp.zeros(4))
     assert float(none) == 0.0
 
 

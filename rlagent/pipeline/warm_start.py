@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from rlagent import losses
 from rlagent.credit import mc
 from rlagent.envs.base import Environment
 from rlagent.rollout import RolloutConfig
@@ -108,7 +109,9 @@ def make_sft(
     def loss(params, demos: Sequence[Demonstrations]):
         total = 0.0
         for score, demo in zip(scores, demos, strict=True):
-            total -= weighted_log_likelihood(score(params, demo.trajectory)[0], demo)
+            total -= losses.weighted_log_likelihood(
+                score(params, demo.trajectory)[0], demo.trajectory.loss_mask, demo.weights
+            )
         return total
 
     def step(carry, key):
@@ -135,15 +138,6 @@ def make_sft(
         return params, trace
 
     return sft
-
-
-def weighted_log_likelihood(logp: jax.Array, demos: Demonstrations) -> jax.Array:
-    """`[]`: mean log pi over the action tokens of the weighted episodes (0 if none).
-
-    logp: [B, S, L] teacher-forced log-probs of `demos.trajectory`'s action tokens.
-    """
-    mask = demos.trajectory.loss_mask * demos.weights[:, None, None]
-    return jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
 def oracle_demonstrations(env: Environment, num_episodes: int) -> DemoSource:
@@ -213,6 +207,7 @@ def make_oracle_log_likelihood(
 
     def log_likelihood(params, key, num_episodes):
         demos = oracle_demonstrations(env, num_episodes)(params, key, 0.0)
-        return weighted_log_likelihood(score(params, demos.trajectory)[0], demos)
+        logp = score(params, demos.trajectory)[0]
+        return losses.weighted_log_likelihood(logp, demos.trajectory.loss_mask, demos.weights)
 
     return log_likelihood

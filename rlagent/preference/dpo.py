@@ -23,7 +23,7 @@ builds the online trainer on the same loss.
 `DPOConfig.sft_steps` puts supervised fine-tuning first (ETO's pipeline, Song et al.
 2024): the first `sft_steps` offline steps minimise minus the mean log-likelihood of
 the drawn pairs' chosen sides (every played turn's policy tokens:
-`warm_start.weighted_log_likelihood`), and DPO then takes the policy after them as its
+`losses.weighted_log_likelihood`), and DPO then takes the policy after them as its
 frozen reference. `sft_steps = num_updates` is SFT on the chosen sides alone, the
 baseline that DPO's rejected sides must beat at equal data and steps.
 """
@@ -44,8 +44,6 @@ from flax import nnx
 from rlagent import losses
 from rlagent.models import Policy
 from rlagent.models import PolicyConfig
-from rlagent.pipeline.warm_start import Demonstrations
-from rlagent.pipeline.warm_start import weighted_log_likelihood
 from rlagent.preference.pairs import LEVELS
 from rlagent.preference.pairs import PairBatch
 from rlagent.rollout import RolloutConfig
@@ -236,8 +234,8 @@ def make_offline_dpo(
         """SFT on the chosen sides while `sft`, else DPO against `ref_params`."""
 
         def clone(params):
-            demos = Demonstrations(batch.chosen, batch.weight, jnp.zeros((), jnp.float32))
-            nll = -weighted_log_likelihood(score(params, batch.chosen)[0], demos)
+            logp = score(params, batch.chosen)[0]
+            nll = -losses.weighted_log_likelihood(logp, batch.chosen.loss_mask, batch.weight)
             return nll, {**dict.fromkeys(PREFERENCE_METRICS, jnp.nan), "sft_nll": nll}
 
         def prefer(params):
