@@ -114,6 +114,32 @@ def test_the_long_horizon_question_config_plans_from_the_weak_start():
     }
 
 
+def test_the_long_horizon_question_heldout_variant_reads_no_oracle_in_its_no_oracle_arms():
+    from rlagent.prm.config import PRMConfig
+
+    config = horizon_no_oracle.get_config("heldout")
+    plans = horizon_sweep.plan(config)
+    assert [h for h, _ in plans] == [12, 16] and config.seeds == 20
+    assert horizon_sweep._demo_horizons(config, 12) == [3, 5, 7]
+    for _, runs in plans:
+        assert [c for r in runs for c in r.conditions] == [
+            "outcome/gae_token", "process/gae_token", "learned_potential/prm=progress/gae_token",
+            "learned_potential/prm=implicit/gae_token",
+            "outcome/tree_grpo+tree_branch_at=surprisal",
+        ]  # fmt: skip
+        assert {(r.config.env.task_split, r.config.eval.tasks) for r in runs} == {
+            ("train", "heldout")
+        }
+        tree = runs[-1].config.train
+        branch = ("tree_grpo", 2, "surprisal")
+        assert (tree.estimator, tree.tree_branches, tree.tree_branch_at) == branch
+    prm = PRMConfig.from_mapping({**dict(config.prm), "kind": "progress"})
+    assert prm.prover_epsilon == 0.0 and prm.prover_best_of == 2
+    assert config.paired_to == "process/gae_token"
+    with pytest.raises(ValueError, match="known variants: heldout"):
+        horizon_no_oracle.get_config("held_out")
+
+
 def test_the_no_oracle_process_rewards_config_reads_no_oracle_in_training():
     from experiments.configs import process_rewards_no_oracle
     from rlagent.prm.config import PRMConfig
