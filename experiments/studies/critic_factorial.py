@@ -304,6 +304,7 @@ def summarize(
         "success": "eval_sampled_success", "reference": reference,
         "reference_critic": REFERENCE_CRITIC, "critics": critics, "bootstrap_reps": reps,
         "sign_flip_draws": draws, "takeoff_threshold": 0.5,
+        "estimators": sorted({str(r["estimator"]) for r in rows}),
     }  # fmt: skip
     return {"cells": summary_cells, "families": families, "settings": settings}
 
@@ -328,6 +329,7 @@ def markdown(summary: Mapping[str, Any]) -> str:
     horizons = sorted({int(h) for _, h, _ in keys})
     rewards = list(dict.fromkeys(r for _, _, r in keys))
     lines = ["# Critic factorial: reward form x critic x horizon", ""]
+    estimators = ", ".join(settings.get("estimators", ())) or "estimator"
     if settings.get("missing"):
         lines += [f"Not finished (no rows): {', '.join(settings['missing'])}.", ""]
     tables = [
@@ -342,8 +344,8 @@ def markdown(summary: Mapping[str, Any]) -> str:
         ("AUC of training success at equal environment turns: mean [95% CI]",
          lambda e: _interval(e["auc_turns"])),
         ("environment turns played in training (mean)", lambda e: f"{e['env_turns']['value']:.0f}"),
-        ("credit accuracy of the trained critic's turn GAE (Spearman with MC advantages), first "
-         "probe -> last probe: mean ± 95% CI", lambda e: _credit(e, "spearman")),
+        (f"credit accuracy of the trained critic's {estimators} (Spearman with MC advantages), "
+         "first probe -> last probe: mean ± 95% CI", lambda e: _credit(e, "spearman")),
         ("sign agreement of that credit with MC advantages (|A| > 2 SE), first -> last probe",
          lambda e: _credit(e, "sign_agreement")),
     ]  # fmt: skip

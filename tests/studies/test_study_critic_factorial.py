@@ -38,6 +38,26 @@ def test_default_plan_runs_every_critic_at_one_horizon_before_the_next():
     assert "critics" in config  # the study's config is not changed by planning
 
 
+def test_the_archer_configs_differ_only_in_the_estimator():
+    from experiments.configs import critic_factorial_archer as archer
+
+    plans = {v: critic_factorial.plan(archer.get_config(v)) for v in archer.VARIANTS}
+    for runs in plans.values():
+        assert [(c, h) for c, h, _ in runs] == [(c, 12) for c in critic_factorial.CRITICS]
+        for _, _, sweep in runs:
+            assert (sweep.conditions, sweep.seeds) == ("process", 20)
+            assert (sweep.env.task_split, sweep.eval.tasks) == ("train", "heldout")
+    turn, token = ([s.to_dict() for _, _, s in plans[v]] for v in ("turn", "token"))
+    for a, b in zip(turn, token, strict=True):
+        assert (a["train"]["estimator"], b["train"]["estimator"]) == ("gae_turn", "gae_token")
+        assert b["train"]["lam"] == 0.9
+        for sweep in (a, b):
+            del sweep["train"]["estimator"], sweep["train"]["lam"]
+        assert a == b
+    with pytest.raises(ValueError, match="name a variant, one of turn, token"):
+        archer.get_config()
+
+
 @pytest.mark.parametrize(
     "value, message",
     [("shared,bogus", "unknown critic"), ("shared,shared", "more than once"), ("", "critics")],
@@ -162,6 +182,7 @@ def test_rows_and_families_on_hand_written_sweeps(tmp_path):
     table = (tmp_path / "summary.md").read_text()
     assert "| process / shared / h=12 | outcome / shared / h=12 | 6 |" in table
     assert "Not finished (no rows): shared/h5, separate/h5." in table
+    assert "credit accuracy of the trained critic's gae_turn (Spearman" in table
     assert os.path.getsize(tmp_path / "factorial.png") > 0
 
 
