@@ -7,7 +7,8 @@ the analysis pairs them by seed):
       --config=experiments/configs/critic_factorial_archer.py:turn
   python -m experiments.critic_factorial --workdir=runs/critic_factorial_archer_token \
       --config=experiments/configs/critic_factorial_archer.py:token
-  python docs/results/critic_factorial_archer/analysis.py
+  PYTHONPATH=. python docs/results/critic_factorial_archer/analysis.py \
+      runs/critic_factorial_archer_turn runs/critic_factorial_archer_token
 
 The 20-seed horizon study (configs/horizon_estimators_heldout.py) found token-level GAE
 (lambda 0.9) ahead of turn-level GAE under the verdict with the critic on the policy's
