@@ -148,3 +148,12 @@ def test_last_evaluation_reads_the_last_evaluated_update_plain_or_gzipped(tmp_pa
     (tmp_path / "none" / "metrics.csv").write_text(header + "a,1,0,0.1,\n")
     with pytest.raises(ValueError, match="no row has an evaluation"):
         report.last_evaluation(str(tmp_path / "none"))
+
+
+def test_write_analysis_writes_analysis_md_beside_the_script_and_prints_it(tmp_path, capsys):
+    script = tmp_path / "results" / "analysis.py"
+    script.parent.mkdir()
+    out = report.write_analysis(str(script), ["# title", "", "| a |"])
+    assert out == str(tmp_path / "results" / "analysis.md")
+    assert (tmp_path / "results" / "analysis.md").read_text() == "# title\n\n| a |\n"
+    assert capsys.readouterr().out == "# title\n\n| a |\n"

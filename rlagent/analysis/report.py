@@ -195,6 +195,17 @@ def last_evaluation(folder: str) -> tuple[int, dict[str, dict[int, dict[str, str
     return last, dict(out)
 
 
+def write_analysis(script: str, lines: Sequence[str]) -> str:
+    """Writes `lines` as `analysis.md` beside `script` (an analysis script's `__file__`,
+    kept with the results it reads) and prints them; returns the path."""
+    text = "\n".join(lines) + "\n"
+    out = os.path.join(os.path.dirname(os.path.abspath(script)), "analysis.md")
+    with open(out, "w") as f:
+        f.write(text)
+    print(text, end="")
+    return out
+
+
 def seed_curves(
     rows: Sequence[Mapping[str, Any]],
 ) -> dict[tuple[str, int], list[Mapping[str, Any]]]:

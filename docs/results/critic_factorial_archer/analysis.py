@@ -115,10 +115,7 @@ def main(turn_dir, token_dir):
             lines.append(f"| {critic} | {name} | " + " | ".join(cells) + " |")
     lines += ["", "Paired bootstrap 95% CIs of the mean difference, exact sign-flip p over "
               "the seeds, Holm over the 6 comparisons (* p_holm < 0.05)."]  # fmt: skip
-    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "analysis.md")
-    with open(out, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    report.write_analysis(__file__, lines)
 
 
 if __name__ == "__main__":

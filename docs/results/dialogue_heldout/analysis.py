@@ -10,11 +10,11 @@ same update (the same policy, training goals, sampled), paired over seeds (mean,
 bootstrap 95% CI, sign-flip p, Holm over the 10 comparisons).
 """
 
-import os
 import sys
 
 from rlagent.analysis.paired import compare
 from rlagent.analysis.report import last_evaluation
+from rlagent.analysis.report import write_analysis
 from rlagent.analysis.stats import holm
 
 CONDITIONS = ("dialogue", "rating", "feedback", "outcome", "potential")
@@ -44,10 +44,7 @@ def main(folder):
             f"| {condition} | {mode} | {n} | {r['a']:.3f} | {r['b']:.3f} | {d['value']:+.3f} "
             f"[{d['low']:+.3f}, {d['high']:+.3f}] | {r['p_value']:.3g} | {p_holm:.3g} |"
         )
-    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "analysis.md")
-    with open(out, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_analysis(__file__, lines)
 
 
 if __name__ == "__main__":

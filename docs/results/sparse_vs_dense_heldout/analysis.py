@@ -13,13 +13,13 @@ condition, P(tasks > keys) and the two-sided Mann-Whitney U of
 `rlagent.analysis.stats.pairwise_comparisons`, Holm over the 8 comparisons.
 """
 
-import os
 import sys
 
 import numpy as np
 
 from rlagent.analysis.paired import compare
 from rlagent.analysis.report import last_evaluation
+from rlagent.analysis.report import write_analysis
 from rlagent.analysis.stats import holm
 from rlagent.analysis.stats import pairwise_comparisons
 
@@ -67,10 +67,7 @@ def main(heldout, keys):
     for (c, m, a, b, auc, p), ph in zip(rows, p_holm, strict=True):
         lines.append(f"| {c} | {m} | {a:.3f} | {b:.3f} | {auc:.2f} | {p:.3g} | {ph:.3g} |")
     lines += ["", "Means over 30 seeds each; success of the last evaluation (64 fixed episodes)."]
-    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "analysis.md")
-    with open(out, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_analysis(__file__, lines)
 
 
 if __name__ == "__main__":
