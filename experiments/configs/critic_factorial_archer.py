@@ -32,6 +32,7 @@ otherwise.
 
 import ml_collections
 
+from experiments.configs import check_variant
 from experiments.configs import critic_factorial
 from experiments.studies.envs import env_section
 
@@ -40,11 +41,7 @@ VARIANTS = {"turn": {"estimator": "gae_turn"}, "token": {"estimator": "gae_token
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-    if variant not in VARIANTS:
-        raise ValueError(
-            f"critic_factorial_archer config {variant!r}: name a variant, one of "
-            f"{', '.join(VARIANTS)} (e.g. --config=...critic_factorial_archer.py:turn)."
-        )
+    check_variant("critic_factorial_archer", variant, VARIANTS, required=True)
     config = critic_factorial.get_config()
     config.horizons = "12"
     config.conditions = "process"

@@ -38,6 +38,7 @@ sampled success minus the verdict's has a 95% paired CI that holds 0.
 
 import ml_collections
 
+from experiments.configs import check_variant
 from experiments.configs import horizon_sweep
 from experiments.studies.envs import env_section
 
@@ -45,10 +46,7 @@ VARIANTS = ("heldout",)
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-    if variant not in (None, "", *VARIANTS):
-        raise ValueError(
-            f"horizon_no_oracle config {variant!r}: known variants: {', '.join(VARIANTS)}."
-        )
+    check_variant("horizon_no_oracle", variant, VARIANTS)
     config = horizon_sweep.get_config()
     config.horizons = "12,16"
     config.warm_start_horizons = "3,5,7"

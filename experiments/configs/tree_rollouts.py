@@ -37,6 +37,7 @@ min on the 2-core CPU alone.
 
 import ml_collections
 
+from experiments.configs import check_variant
 from experiments.configs import horizon_sweep
 from experiments.studies.envs import env_section
 
@@ -52,10 +53,7 @@ VARIANTS = ("k4_surprisal", "surprisal_confirm", "surprisal_heldout")
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
-    if variant not in (None, "", *VARIANTS):
-        raise ValueError(
-            f"tree_rollouts config {variant!r}: known variants: {', '.join(VARIANTS)}."
-        )
+    check_variant("tree_rollouts", variant, VARIANTS)
     config = horizon_sweep.get_config()
     config.horizons = "8,12"
     config.conditions = "outcome"  # with train.estimator = gae_turn: the reference.
