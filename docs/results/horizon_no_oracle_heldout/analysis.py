@@ -12,7 +12,6 @@ seeds); and, for the PRM runs, the labels' and the PRM's AUROC against the verdi
 (measured, never trained on) and the PRM's loss, averaged over the last 10 updates.
 """
 
-import csv
 import os
 import sys
 from collections import defaultdict
@@ -20,17 +19,22 @@ from collections import defaultdict
 import numpy as np
 
 from rlagent.analysis.report import write_analysis
+from rlagent.host.writers import MetricWriter
+
+
+def _measured(rows, key):
+    """The finite values of `key` in `rows` (a run logs NaN for what it does not measure)."""
+    return [r[key] for r in rows if np.isfinite(r.get(key, np.nan))]
 
 
 def _mean(rows, key):
-    values = [float(r[key]) for r in rows if r.get(key) not in ("", "nan", None)]
+    values = _measured(rows, key)
     return float(np.mean(values)) if values else float("nan")
 
 
 def _per_run(rows, key):
     """`key` summed over `rows`, divided by the number of seeds they hold."""
-    total = sum(float(r[key]) for r in rows if r.get(key) not in ("", "nan", None))
-    return total / len({r["seed"] for r in rows})
+    return sum(_measured(rows, key)) / len({r["seed"] for r in rows})
 
 
 def main(folder):
@@ -40,20 +44,17 @@ def main(folder):
               "/ run | label turns / run | label AUROC | PRM AUROC | PRM loss |")  # fmt: skip
     lines += [header, "|" + "---|" * 12]
     for horizon in sorted(d for d in os.listdir(folder) if d.startswith("h") and d[1:].isdigit()):
-        with open(os.path.join(folder, horizon, "metrics.csv"), newline="") as f:
-            rows = list(csv.DictReader(f))
+        rows = MetricWriter(os.path.join(folder, horizon), tensorboard=False).read()
         runs = defaultdict(list)
         for r in rows:
             runs[r["condition"]].append(r)
         for condition, rs in runs.items():
             seeds = {r["seed"] for r in rs}
-            first, last = (min(int(r["update"]) for r in rs), max(int(r["update"]) for r in rs))
-            at = {u: [r for r in rs if int(r["update"]) == u] for u in (first, last)}
-            tail = [r for r in rs if int(r["update"]) > last - 10]
-            batch = [float(r["success"]) for r in rs if r["success"] not in ("", "nan")]
-            lucky = {
-                r["seed"] for r in rs if r["success"] not in ("", "nan") and float(r["success"]) > 0
-            }
+            first, last = min(r["update"] for r in rs), max(r["update"] for r in rs)
+            at = {u: [r for r in rs if r["update"] == u] for u in (first, last)}
+            tail = [r for r in rs if r["update"] > last - 10]
+            batch = _measured(rs, "success")
+            lucky = {r["seed"] for r in rs if r["success"] > 0}
             lines.append(
                 f"| {horizon[1:]} | {condition} | {len(lucky)}/{len(seeds)} | {max(batch):.3f} | "
                 f"{_mean(at[first], 'entropy'):.3f} -> {_mean(at[last], 'entropy'):.3f} | "
