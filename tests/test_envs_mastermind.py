@@ -477,7 +477,6 @@ def test_monte_carlo_forks_continue_with_env_policies(continuation):
 
 
 def test_levels_are_textarenas_registered_configurations():
-    pytest.importorskip("textarena")
     from textarena.envs.registration import ENV_REGISTRY
 
     for level, env_id in TEXTARENA_IDS.items():
@@ -488,7 +487,6 @@ def test_levels_are_textarenas_registered_configurations():
 def test_differential_against_textarena(level):
     """Same secrets and moves through textarena and the port: identical pegs, validity,
     ending and reward (125 games each here; 10,000 each in docs/results/)."""
-    pytest.importorskip("textarena")
     from rlagent.envs.mastermind.differential import compare
 
     wide = level != "classic"  # out-of-range digits expressible

@@ -1,7 +1,6 @@
 """Policy LM, KV cache, sampler and HF conversion (tiny configs)."""
 
 import dataclasses
-import importlib.util
 
 import chex
 import jax
@@ -342,7 +341,6 @@ def test_sampler_argument_errors():
         policy_log_probs(jnp.zeros(4), temperature=-1.0)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
 def test_hf_llama_parity_and_round_trip(model):
     import torch
 

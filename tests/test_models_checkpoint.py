@@ -12,16 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from model_helpers import write_checkpoint
+from safetensors.numpy import load_file
+from safetensors.numpy import save_file
 
-pytest.importorskip("safetensors")
-from model_helpers import write_checkpoint  # noqa: E402
-from safetensors.numpy import load_file  # noqa: E402
-from safetensors.numpy import save_file  # noqa: E402
-
-from rlagent.models import Llama  # noqa: E402
-from rlagent.models import PolicyConfig  # noqa: E402
-from rlagent.models import checkpoint  # noqa: E402
-from rlagent.models import hf  # noqa: E402
+from rlagent.models import Llama
+from rlagent.models import PolicyConfig
+from rlagent.models import checkpoint
+from rlagent.models import hf
 
 VOCAB = 40
 TOKENS = np.random.RandomState(0).randint(0, VOCAB, (2, 11))
@@ -55,8 +53,9 @@ def _forward(graphdef, state):
 @pytest.fixture(scope="module")
 def hf_checkpoints(tmp_path_factory):
     """family -> (folder of a `save_pretrained`, transformers' float32 logits of TOKENS)."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    import torch
+    import transformers
+
     out = {}
     for family, (config_class, fields) in FAMILIES.items():
         torch.manual_seed(0)
@@ -83,7 +82,8 @@ def test_logits_match_transformers(hf_checkpoints, family):
     assert config.qk_norm == family.startswith("qwen3")
     assert np.abs(_logits(llama) - reference).max() <= 1e-4
     # And back: the transformers model of the trunk's family (hf.hf_config) is the original.
-    torch = pytest.importorskip("torch")
+    import torch
+
     with torch.no_grad():
         back = hf.to_hf_model(llama)(torch.from_numpy(TOKENS)).logits.numpy()
     np.testing.assert_allclose(back, reference, atol=1e-5)

@@ -7,30 +7,27 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
+from text_helpers import tiny_text_policy
+from text_helpers import tiny_tokenizer
 
-pytest.importorskip("transformers")
-pytest.importorskip("jinja2")
-from flax import nnx  # noqa: E402
-from text_helpers import tiny_text_policy  # noqa: E402
-from text_helpers import tiny_tokenizer  # noqa: E402
-
-from rlagent.models.sampler import as_llama  # noqa: E402
-from rlagent.preference.dpo import DPOConfig  # noqa: E402
-from rlagent.preference.judges import judge_weights  # noqa: E402
-from rlagent.preference.judges import make_judge  # noqa: E402
-from rlagent.text import ChatTemplateError  # noqa: E402
-from rlagent.text import TextConfig  # noqa: E402
-from rlagent.text import make_chat  # noqa: E402
-from rlagent.text import make_text_loop  # noqa: E402
-from rlagent.text.guess import GUESS_TOOL  # noqa: E402
-from rlagent.text.guess import GuessNumber  # noqa: E402
-from rlagent.text.judge import QUESTION  # noqa: E402
-from rlagent.text.judge import make_lm_judge  # noqa: E402
-from rlagent.text.judge import question_tokens  # noqa: E402
-from rlagent.text.preference import make_text_dpo  # noqa: E402
-from rlagent.text.score import make_text_score  # noqa: E402
-from rlagent.train.config import TrainConfig  # noqa: E402
-from rlagent.train.extras import PRMInputs  # noqa: E402
+from rlagent.models.sampler import as_llama
+from rlagent.preference.dpo import DPOConfig
+from rlagent.preference.judges import judge_weights
+from rlagent.preference.judges import make_judge
+from rlagent.text import ChatTemplateError
+from rlagent.text import TextConfig
+from rlagent.text import make_chat
+from rlagent.text import make_text_loop
+from rlagent.text.guess import GUESS_TOOL
+from rlagent.text.guess import GuessNumber
+from rlagent.text.judge import QUESTION
+from rlagent.text.judge import make_lm_judge
+from rlagent.text.judge import question_tokens
+from rlagent.text.preference import make_text_dpo
+from rlagent.text.score import make_text_score
+from rlagent.train.config import TrainConfig
+from rlagent.train.extras import PRMInputs
 
 # Short turns, so that some end without END (cut at max_new_tokens).
 CONFIG = TextConfig(max_new_tokens=6, obs_len=256, max_prompt_len=320)
