@@ -18,7 +18,7 @@ with the same sign in all 10 seeds (18 x 0.002 = 0.035; with 9 of 10 the exact p
 least 0.021, x 18 > 0.05); intervals are the finding where the test cannot reject.
 `--config.seeds=20` is the full size.
 Measured: 2,901 s (48 min) at 8473abd on the 2-core CPU beside light editing
-(docs/horizon_sweep.md, "The critic factorial"; docs/results/critic_factorial/).
+(docs/critic_factorial.md, "The critic factorial"; docs/results/critic_factorial/).
 """
 
 import ml_collections

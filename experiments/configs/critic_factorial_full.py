@@ -17,7 +17,7 @@ so after Holm over a family's 18 comparisons the first rejection needs p < 0.05 
 0.0028, which one sign in all 20 seeds reaches whatever the sizes (the sign test alone
 with 17 of 20: 0.0026), where 10 seeds needed all 10. Expected time: about twice the
 10-seed defaults (2,901 s), ~1.6 h on the 2-core CPU. Measured: 8,325 s at 9607f07,
-sharing the CPU with another study for most of it (docs/horizon_sweep.md, "The factorial
+sharing the CPU with another study for most of it (docs/critic_factorial.md, "The factorial
 at 20 seeds on held-out tasks"; docs/results/critic_factorial_full/).
 """
 

@@ -23,7 +23,7 @@ Family: each of the 5 conditions against the verdict with turn GAE at its horizo
 pairs per metric), exact sign-flip test over seeds, Holm within the family; with 20 seeds
 the smallest p is 2 / 2^20, and one sign in 19 of 20 seeds gives the sign test alone
 p = 4e-5, below Holm's first threshold 0.05 / 10. Measured: 3,937 s on the 2-core AMD
-EPYC, shared with other jobs for about half of it (docs/horizon_sweep.md, "The estimators
+EPYC, shared with other jobs for about half of it (docs/critic_factorial.md, "The estimators
 at 20 seeds on held-out tasks").
 """
 

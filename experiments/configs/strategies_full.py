@@ -5,7 +5,7 @@ Usage:
       --config=experiments/configs/strategies_full.py --workdir=runs/strategies_full
 
 (`--config=...` must come before any `--config.<field>=...` override.) 1,539 s on the
-2-core AMD EPYC CPU (docs/results/strategies_full, docs/preference.md); 20 seeds per arm
+2-core AMD EPYC CPU (docs/results/strategies_full, docs/preference_results.md); 20 seeds per arm
 separate take-off rates of 0.4 and 0.9 (about 13 needed), not 0.4 and 0.7 (about 40).
 """
 

@@ -2,7 +2,7 @@
 
 Rows are the dicts written by `rlagent.host.loop.run` (one per update, condition and
 seed). Every number is computed per seed first; a condition is then summarised with the
-statistics of `rlagent.analysis.stats` (see docs/architecture.md and ../RESEARCH habits):
+statistics of `rlagent.analysis.stats` (see docs/studies.md and ../RESEARCH habits):
 IQM and mean with stratified bootstrap CIs, the take-off rate with a Clopper-Pearson
 interval, seed-inclusive sample efficiency (area under the success curve and
 time-to-threshold censored at a common budget), and Holm-corrected pairwise comparisons.

@@ -26,7 +26,7 @@ counts (`CurriculumConfig.kind`):
   gets at least that probability (the other unlocked stages scaled down to the rest):
   the bump weighs a stage at 0% success as far from `target` as a mastered one, so a
   newly unlocked stage would otherwise get the fewest episodes exactly when it has the
-  most to learn (docs/pipeline.md).
+  most to learn (docs/curriculum.md).
 * `fixed`: stage `floor(update * K / num_updates)`, one-hot (a schedule set in advance).
 * `final`: the last stage only (training on the final task from the start).
 
