@@ -2,7 +2,8 @@
 
 `define_flags(name)` defines `--config` (experiments/configs/<name>.py, overridable field
 by field; a misspelled `--config.a.b` exits naming the fields `a` has), `--workdir`
-(runs/<name>), `--resume`, `--overwrite`, `--compilation_cache_dir` (and, with
+(runs/<name>), `--resume` (with `--resume_across_commits` to go on under another commit),
+`--overwrite`, `--compilation_cache_dir` (and, with
 `distributed=True`, the multi-host flags of `rlagent.parallel` and `--num_devices`).
 `run_study(study, flags)` turns on JAX's persistent compilation cache
 (`rlagent.host.compile_cache`: ~/.cache/rlagent/jax unless the flag or
@@ -30,6 +31,7 @@ from experiments.studies import common
 from rlagent import parallel
 from rlagent.host import compile_cache
 from rlagent.host import loop
+from rlagent.host import provenance
 
 _CACHE_FLAG = "compilation_cache_dir"
 
@@ -65,6 +67,16 @@ def define_flags(name: str, *, distributed: bool = False) -> LauncherFlags:
         compilation_cache_dir=define_cache_flag(),
         distributed=distributed,
     )
+
+
+# With --resume: go on under another commit than the run's (refused otherwise); every
+# segment's commit and updates are recorded in provenance_segments.jsonl.
+_ACROSS_COMMITS = flags.DEFINE_bool(
+    "resume_across_commits",
+    False,
+    "With --resume, continue a run that went on at another git commit (refused otherwise); "
+    "each segment's commit and updates are recorded beside provenance.json.",
+)
 
 
 def define_cache_flag() -> flags.FlagHolder:
@@ -137,6 +149,8 @@ def run_study(study: Callable[..., Any], launcher: LauncherFlags, **kwargs: Any)
 
     def work():
         compile_cache.enable_compilation_cache(launcher.compilation_cache_dir.value)
+        if _ACROSS_COMMITS.value:
+            os.environ[provenance.ACROSS_COMMITS_ENV] = "1"
         mesh = {"mesh": data_mesh()} if launcher.distributed else {}
         return study(
             config_value(launcher),

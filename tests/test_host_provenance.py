@@ -1,11 +1,14 @@
 """provenance.json: untracked files make a run dirty, a checkout that moves is recorded."""
 
 import hashlib
+import json
 import subprocess
 
+import pytest
 from absl import logging
 
 from rlagent.host import provenance
+from rlagent.host import workdir
 
 
 def _git(root, *args):
@@ -69,3 +72,40 @@ def test_the_cpu_is_recorded_with_its_vector_extensions(tmp_path, monkeypatch):
     assert cpu["model"] == "AMD EPYC"
     assert cpu["simd"] == ["amx_tile", "avx", "avx2", "avx512f", "fma"]
     assert cpu["flags_sha256"] == hashlib.sha256(flags.encode()).hexdigest()[:16]
+
+
+def test_a_later_process_never_rewrites_provenance_json(tmp_path, monkeypatch):
+    """A resume or a --report_only rebuild records itself beside the run's provenance.json
+    (one line per process, rewritten in place by the same process), never over it."""
+    folder = str(tmp_path)
+    first = provenance.collect({"seeds": [0]}, wall_s=1.0)
+    provenance.write(folder, first)
+    provenance.write(folder, {**first, "wall_s": 2.0})  # the same process: its own record.
+    original = (tmp_path / "provenance.json").read_bytes()
+    assert json.loads(original)["wall_s"] == 2.0
+    monkeypatch.setattr(provenance, "SEGMENT", "rebuild")  # another process from here on.
+    assert provenance.own(folder, {"seeds": [0]})["segment"] == "rebuild"
+    provenance.write(folder, provenance.collect({"seeds": [0]}, wall_s=3.0))
+    provenance.write(folder, provenance.collect({"seeds": [0]}, wall_s=4.0))
+    assert (tmp_path / "provenance.json").read_bytes() == original
+    records = provenance.segments(folder)
+    assert [record["wall_s"] for record in records] == [2.0, 4.0]
+    assert records[1]["segment"] == "rebuild" != records[0]["segment"]
+
+
+def test_a_resume_from_another_commit_is_refused_unless_asked(tmp_path, monkeypatch):
+    folder = str(tmp_path)
+    config = {"seeds": [0]}
+    record = provenance.collect(config)
+    record["git"] = {**record["git"], "commit": "a" * 40}
+    provenance.write(folder, record)
+    monkeypatch.setattr(provenance, "git_state", lambda root=None: {"commit": "b" * 40})
+    monkeypatch.delenv(provenance.ACROSS_COMMITS_ENV, raising=False)
+    with pytest.raises(workdir.RunError, match="commit aaaaaaaaaaaa and this checkout is at bbbb"):
+        workdir.check_resume(folder, config)
+    monkeypatch.setenv(provenance.ACROSS_COMMITS_ENV, "1")
+    workdir.check_resume(folder, config)  # asked for: allowed, and recorded per segment.
+    monkeypatch.setattr(provenance, "SEGMENT", "resumed")
+    provenance.write(folder, provenance.collect(config, updates=[1, 2]))
+    commits = [r["git"]["commit"] for r in provenance.segments(folder)]
+    assert commits == ["a" * 40, "b" * 40]

@@ -443,6 +443,11 @@ def test_killed_runs_resume_exactly(straight, tmp_path):
         manager.close()
         resumed_manager.close()
     assert json.loads((workdir / "provenance.json").read_text())["config"]["seeds"] == [0, 1]
+    # provenance.json is the first process's; the resume that finished (this one) is a line
+    # of its own beside it, with the updates it ran (the killed one never finished).
+    records = provenance.segments(str(workdir))
+    assert len({record["segment"] for record in records}) == len(records) == 2
+    assert records[-1]["segment"] == provenance.SEGMENT and records[-1]["updates"] == [1, 2]
 
 
 def test_compiled_programs_are_cleared_near_the_memory_map_limit(monkeypatch):

@@ -77,7 +77,7 @@ def run(
     if "credit" in parts:
         summary["credit"] = _credit(config.credit, os.path.join(workdir, "credit"), resume)
         _write_summary(summary, workdir)
-    record = provenance.read(workdir) or provenance.collect(config.to_dict())
+    record = provenance.own(workdir, config.to_dict())
     provenance.write(
         workdir, provenance.finish({**record, "wall_s": round(time.time() - start, 1)})
     )

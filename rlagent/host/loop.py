@@ -160,7 +160,9 @@ def run(
             stop_after=stop_after, progress=progress, eval_every=evaluation.every,
             credit_every=probe.every,
         )  # fmt: skip
-        provenance.write(workdir, provenance.finish(record))  # the checkout at the end
+        updates = [files.done, max((int(row["update"]) for row in rows), default=files.done)]
+        # The checkout at the end, and the updates this process ran (a resume's segment).
+        provenance.write(workdir, provenance.finish({**record, "updates": updates}))
         return rows
 
 
@@ -169,7 +171,8 @@ def open_run(
     resume: bool = False, overwrite: bool = False, **facts: Any,
 ) -> tuple[bool, dict[str, Any]]:  # fmt: skip
     """Readies `workdir` for a run of the resolved config (`provenance.resolved`) and writes
-    its `provenance.json`: `(resumed, the provenance record)`. A resumed folder must hold
+    its `provenance.json` (a resume leaves it alone; its record joins
+    `provenance.SEGMENTS` when it finishes): `(resumed, the provenance record)`. A resumed folder must hold
     the same config except `resumable_fields(lr_schedule, extra)`; `facts` join the record
     (not the config). `run` starts through it, and so does any other trainer that keeps
     the run-folder guarantees of the module docstring (`rlagent.text.train`)."""
@@ -178,7 +181,9 @@ def open_run(
         workdir, resume=resume, overwrite=overwrite, config=resolved, may_change=may_change,
         note=note,
     )  # fmt: skip
-    provenance.write(workdir, record := provenance.collect(resolved, **facts))
+    record = provenance.collect(resolved, **facts)
+    if not resume:  # a resume records itself when it finishes (`provenance.write`).
+        provenance.write(workdir, record)
     return resume, record
 
 

@@ -6,6 +6,13 @@ differ between the calls of one run: command line, git commit, dirty flag and th
 and untracked files (hashed when small), the same at the end of the run when the
 checkout moved (`finish`), package versions, devices, wall time. `config_mismatch`
 compares two resolved configs.
+
+`provenance.json` is the record of the process that started the run, and no later process
+rewrites it: each process's records carry its `segment` id (`SEGMENT`), and `write` puts
+the record of any other process (a `--resume`, a `--report_only` rebuild) in
+`provenance_segments.jsonl` beside it, one line per process with its commit, command, wall
+time and, for a training segment, the updates it ran (`segments` reads them all, the
+first included). `check_commit` refuses to resume a run under another commit.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ import os
 import platform
 import subprocess
 import sys
+import time
+import uuid
 from collections.abc import Iterable
 from collections.abc import Mapping
 from typing import Any
@@ -26,6 +35,12 @@ import jax
 from absl import logging
 
 FILENAME = "provenance.json"
+# This process's id in the records it writes: the one process that may rewrite a record.
+SEGMENT = uuid.uuid4().hex
+# Set to 1 (the launchers' --resume_across_commits) to resume a run under another commit.
+ACROSS_COMMITS_ENV = "RLAGENT_RESUME_ACROSS_COMMITS"
+# The records of the processes after the first (resumes, rebuilds): one JSON object a line.
+SEGMENTS = "provenance_segments.jsonl"
 # Untracked files up to this size are hashed in the provenance (configs, small scripts).
 HASH_LIMIT = 1 << 16
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "chex", "numpy", "ml_collections")
@@ -46,6 +61,8 @@ def collect(config: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
     return {
         "config": dict(config),
         **extra,
+        "segment": SEGMENT,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": [sys.executable, *sys.argv],
         "git": git_state(),
         "python": platform.python_version(),
@@ -99,10 +116,71 @@ def read(folder: str) -> dict[str, Any] | None:
 
 
 def write(folder: str, provenance: Mapping[str, Any]) -> None:
-    """Writes `<folder>/provenance.json` atomically (a kill never leaves half a file)."""
-    path = os.path.join(folder, FILENAME)
+    """Writes this process's record: `<folder>/provenance.json` when the folder has none or
+    holds this process's own (the same `segment`), else its line of `SEGMENTS` (replaced
+    when this segment wrote one before), so a resume or a rebuild never rewrites the
+    record of the process that started the run. Atomic: a kill never leaves half a file."""
+    stored = read(folder)
+    if stored is None or stored.get("segment") == SEGMENT:
+        _atomic_write(os.path.join(folder, FILENAME), json.dumps(provenance, indent=2))
+        return
+    path = os.path.join(folder, SEGMENTS)
+    lines = [record for record in _read_lines(path) if record.get("segment") != SEGMENT]
+    lines.append({**provenance, "segment": SEGMENT})
+    _atomic_write(path, "".join(json.dumps(record) + "\n" for record in lines))
+
+
+def segments(folder: str) -> list[dict[str, Any]]:
+    """Every process's record of the run in `folder`, in order: `provenance.json` first,
+    then the lines of `SEGMENTS` ([] when the folder has no provenance)."""
+    first = read(folder)
+    return [] if first is None else [first, *_read_lines(os.path.join(folder, SEGMENTS))]
+
+
+def own(folder: str, config: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
+    """This process's record of the run in `folder`: the stored one when this process
+    wrote it, else a new one (`collect(config, **extra)`) for `write` to add beside."""
+    stored = read(folder)
+    if stored is not None and stored.get("segment") == SEGMENT:
+        return stored
+    return collect(config, **extra)
+
+
+def check_commit(folder: str) -> str | None:
+    """Why `folder`'s run cannot be resumed by this checkout (None when it can): its
+    newest segment ran at another commit, so its rows and the new ones would come from
+    different code. Allowed when `ACROSS_COMMITS_ENV` is 1; every segment is then recorded
+    with its own commit (`write`)."""
+    records = segments(folder)
+    if not records or os.environ.get(ACROSS_COMMITS_ENV) == "1":
+        return None
+    before = (records[-1].get("git_end") or records[-1].get("git") or {}).get("commit")
+    now = git_state().get("commit")
+    if before is None or now is None or before == now:
+        return None
+    return (
+        f"its run went on at commit {before[:12]} and this checkout is at {now[:12]}, so its "
+        f"rows would mix the code of two commits; check out {before[:12]}, pass --overwrite, "
+        f"or pass --resume_across_commits to go on and record each segment's commit in "
+        f"{SEGMENTS}"
+    )
+
+
+def _read_lines(path: str) -> list[dict[str, Any]]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        try:
+            return [json.loads(line) for line in f if line.strip()]
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"{path} is not valid JSON lines ({error}); the folder is damaged"
+            ) from None
+
+
+def _atomic_write(path: str, text: str) -> None:
     with open(path + ".tmp", "w") as f:
-        json.dump(provenance, f, indent=2)
+        f.write(text)
     os.replace(path + ".tmp", path)
 
 

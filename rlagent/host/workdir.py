@@ -88,8 +88,9 @@ def prepare_workdir(
 def check_resume(
     workdir: str, config: Mapping[str, Any], *, may_change: Sequence[str] = (), note: str = ""
 ) -> None:
-    """Refuses (`RunError`) to resume `workdir` without a stored config, or with one that
-    differs from `config` outside `may_change` (a one-line diff)."""
+    """Refuses (`RunError`) to resume `workdir` without a stored config, with one that
+    differs from `config` outside `may_change` (a one-line diff), or from a checkout at
+    another commit than the run's newest segment (`provenance.check_commit`)."""
     stored = provenance.read(workdir)
     if stored is None:
         raise RunError(
@@ -101,6 +102,9 @@ def check_resume(
         suffix = f" ({note})" if note else ""
         message = f"Cannot resume {workdir} with a different config: {'; '.join(diff)}"
         raise RunError(f"{message}{suffix}.")
+    reason = provenance.check_commit(workdir)
+    if reason:
+        raise RunError(f"Cannot resume {workdir}: {reason}.")
 
 
 def refuse_resume(name: str) -> RunError:

@@ -313,7 +313,8 @@ def run_text(
             host_loop.save_state(files.manager, update + 1, state)
             if progress:
                 print(_progress_line(row, config.num_updates), flush=True)
-        provenance.write(workdir, provenance.finish(record))
+        updates = [files.done, max(files.done, config.num_updates)]
+        provenance.write(workdir, provenance.finish({**record, "updates": updates}))
     return rows
 
 
