@@ -325,6 +325,17 @@ def test_grpo_on_one_bfcl_task(tmp_path_factory, tmp_path):
     )
 
 
+def _launch(folder, env, workdir, overrides):
+    """`python -m experiments.hf_agent` (two updates of one group of two episodes, turns of
+    at most 6 tokens, no evaluation); the finished process."""
+    common = ["--config.train.num_updates=2", "--config.train.num_groups=1",
+              "--config.train.group_size=2", "--config.sampling.max_new_tokens=6",
+              "--config.eval.every=0"]  # fmt: skip
+    command = [sys.executable, "-m", "experiments.hf_agent", f"--model_dir={folder}",
+               f"--env={env}", f"--workdir={workdir}", *common, *overrides]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+
 def test_the_launcher_trains_a_qwen3_checkpoint_with_the_official_template_on_toolworld(
     tmp_path_factory, tmp_path
 ):
@@ -335,44 +346,41 @@ def test_the_launcher_trains_a_qwen3_checkpoint_with_the_official_template_on_to
         tmp_path_factory.mktemp("qwen3"), env.tools, [_SYSTEM], config=QWEN3, family="qwen3"
     )
     assert "last_query_index" in AutoTokenizer.from_pretrained(folder).chat_template
-    workdir = tmp_path / "run"
-    overrides = [
-        "--config.env.toolworld_text.max_turns=2", "--config.train.num_updates=2",
-        "--config.train.num_groups=1", "--config.train.group_size=2",
-        "--config.sampling.max_new_tokens=6", "--config.sampling.obs_len=1500",
-        "--config.sampling.max_prompt_len=1600", "--config.eval.every=0",
-    ]  # fmt: skip
-    command = [sys.executable, "-m", "experiments.hf_agent", f"--model_dir={folder}",
-               "--env=toolworld_text", f"--workdir={workdir}", *overrides]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    sizes = ["--config.sampling.obs_len=1500", "--config.sampling.max_prompt_len=1600"]
+    done = _launch(folder, "toolworld_text", tmp_path / "run", [
+        "--config.env.toolworld_text.max_turns=2", *sizes])  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    _assert_run_folder(workdir, "grpo")
-    record = json.loads((workdir / "provenance.json").read_text())["config"]["model"]
+    _assert_run_folder(tmp_path / "run", "grpo")
+    record = json.loads((tmp_path / "run" / "provenance.json").read_text())["config"]["model"]
     assert record["chat_template"] == QWEN3_PREFIX_STABLE and record["policy"]["qk_norm"]
 
 
-def test_grpo_on_every_bfcl_task_with_a_qwen3_checkpoint(tmp_path_factory, tmp_path):
+def test_the_launcher_trains_a_qwen3_checkpoint_on_every_bfcl_task(tmp_path_factory, tmp_path):
     """Two updates drawing from the whole training split (each episode renders its own
-    task's tools) with the official Qwen3 template: the leaderboard's accuracy and the
-    truncated share are columns; a task whose prompt does not fit ends truncated."""
+    task's tools) with the official Qwen3 template, exit status 0: the leaderboard's
+    accuracy and the truncated share are columns."""
     pytest.importorskip("bfcl_eval")
     config = _config()
     config.env.bfcl.update(max_turns=1)
-    config.sampling.update(obs_len=5300, max_prompt_len=5400)
     _, _, tasks = hf_agent.build(config, "bfcl")
     rngs = [np.random.default_rng(0), *(np.random.default_rng([0, u]) for u in range(2))]
-    envs = [tasks.pick(rng)[0]() for rng in rngs]  # the tasks run_text draws.
+    envs = [tasks.pick(rng)[0]() for rng in rngs]  # the tasks the run draws.
     texts = [m["content"] for env in envs for m in env.reset(0)]
     tools = [tool for env in envs for tool in env.tools]
     big = dataclasses.replace(QWEN3, vocab_size=2048)
     folder = _model_folder(tmp_path_factory.mktemp("qwen3_bfcl"), tools, texts, 2000, big, "qwen3")
-    rows = _run(config, tmp_path / "bfcl", folder, env="bfcl")
-    _assert_run_folder(tmp_path / "bfcl", "grpo")
-    assert all(row["bfcl_accuracy"] == 0.0 for row in rows)  # a random model passes none.
-    assert all(0.0 <= row["truncated"] <= 1.0 for row in rows)
-    record = json.loads((tmp_path / "bfcl" / "provenance.json").read_text())["config"]
+    workdir = tmp_path / "bfcl"
+    done = _launch(folder, "bfcl", workdir, [
+        "--config.env.bfcl.max_turns=1", "--config.sampling.obs_len=5300",
+        "--config.sampling.max_prompt_len=5400"])  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = _assert_run_folder(workdir, "grpo")
+    assert all(float(row["bfcl_accuracy"]) == 0.0 for row in rows)  # a random model fails.
+    assert all(0.0 <= float(row["truncated"]) <= 1.0 for row in rows)
+    record = json.loads((workdir / "provenance.json").read_text())["config"]
     assert record["model"]["chat_template"] == QWEN3_PREFIX_STABLE
-    assert len(record["env"]["tasks"]) == len(tasks.config["tasks"]) > 100
+    assert record["env"]["tasks"] == list(tasks.config["tasks"])
+    assert len(record["env"]["tasks"]) > 100
 
 
 def _no_template(folder):

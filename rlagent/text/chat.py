@@ -16,7 +16,7 @@ the generation prompt); the transcript keeps the generated ids. Renderings are c
 at message boundaries only, never inside an assistant's re-tokenized text. A template that does not
 render prefix-stably (one that rewrites earlier turns, such as dropping the reasoning of
 past assistant turns) is refused with `ChatTemplateError`, naming the messages; `make_chat`
-checks that before anything runs, on probe conversations (`PROBE_CASES`: a reply, reasoning,
+checks that before anything runs, on probe conversations (`probe_cases`: a reply, reasoning,
 a tool call and its result, each followed by a new user turn).
 
 Templates: the tokenizer's own, except Qwen3's official hybrid-thinking template, which is
