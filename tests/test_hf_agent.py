@@ -20,13 +20,17 @@ pytest.importorskip("safetensors")
 import orbax.checkpoint as ocp  # noqa: E402
 from model_helpers import write_checkpoint  # noqa: E402
 from text_helpers import assert_loss_mask_on_assistant_tokens  # noqa: E402
+from text_helpers import family_tokenizer  # noqa: E402
 from text_helpers import tiny_tokenizer  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
 
 from experiments.configs.hf_agent import get_config  # noqa: E402
 from experiments.studies import hf_agent  # noqa: E402
 from rlagent.host.workdir import RunError  # noqa: E402
 from rlagent.models import PolicyConfig  # noqa: E402
 from rlagent.text import train as text_train  # noqa: E402
+from rlagent.text.chat import QWEN3_PREFIX_STABLE  # noqa: E402
+from rlagent.text.loop import TextLoop  # noqa: E402
 from rlagent.text.toolworld import _SYSTEM  # noqa: E402
 from rlagent.text.toolworld import make_toolworld_text  # noqa: E402
 from rlagent.train.evaluation import EvalConfig  # noqa: E402
@@ -40,11 +44,20 @@ TIMINGS = ("sample_s", "update_s", "time_s")
 BFCL_TASK = "multi_turn_base_100"  # the fewest tools of the category.
 
 
-def _model_folder(folder, tools, texts, vocab_size=768, config=QWEN):
-    """A checkpoint folder: random tensors, and a tokenizer whose merges know the prompts."""
+# Qwen3-shaped (q/k norms, no biases, tied embeddings): the official Qwen3 template's family.
+QWEN3 = dataclasses.replace(QWEN, qkv_bias=False, qk_norm=True)
+
+
+def _model_folder(folder, tools, texts, vocab_size=768, config=QWEN, family=None):
+    """A checkpoint folder: random tensors, and a tokenizer whose merges know the prompts
+    (`family`: the official template and special tokens of 'qwen3', ...; None: ChatML)."""
     corpus = [json.dumps(tool) for tool in tools] * 3 + list(texts) * 3
-    tiny_tokenizer(vocab_size=vocab_size, corpus=corpus).save_pretrained(folder)
-    write_checkpoint(folder, config)
+    if family is None:
+        tokenizer = tiny_tokenizer(vocab_size=vocab_size, corpus=corpus)
+    else:
+        tokenizer = family_tokenizer(family, vocab_size=vocab_size, corpus=corpus)
+    tokenizer.save_pretrained(folder)
+    write_checkpoint(folder, config, **({"model_type": family} if family else {}))
     return folder
 
 
@@ -134,6 +147,28 @@ def test_the_launcher_trains_grpo_on_toolworld_text(toolworld_model, tmp_path):
     assert again.returncode == 1
     assert again.stderr.strip().splitlines()[-1].startswith(f"error: {workdir} is not empty")
     assert (workdir / "metrics.csv").read_text() == stamp
+
+
+def test_episodes_past_max_prompt_len_end_truncated_and_the_run_goes_on(toolworld_model, tmp_path):
+    """A max_prompt_len that holds the first prompt and one turn but not the reply: the
+    episodes end truncated after their first turn, metrics.csv counts them, and the run
+    (and a resume, which replays them) finishes."""
+    config = _config()
+    _, text_config, tasks = hf_agent.build(config, "toolworld_text")
+    model = text_train.check_model(str(toolworld_model), tasks.tools)
+    make_env, seed = tasks.pick(np.random.default_rng(0))
+    first = TextLoop(model.chat, text_config, sample=None).start(make_env(), seed)
+    config.sampling.update(max_prompt_len=len(first.tokens) + config.sampling.max_new_tokens)
+    rows = _run(config, tmp_path / "full", toolworld_model)
+    assert [float(row["truncated"]) for row in _rows(tmp_path / "full")] == [1.0, 1.0]
+    assert all(row["turns"] == 1.0 for row in rows)  # max_turns is 2: cut, not ended.
+    part = tmp_path / "part"
+    config.train.num_updates = 1
+    _run(config, part, toolworld_model)
+    config.train.num_updates = 2
+    _run(config, part, toolworld_model, resume=True)
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]  # noqa: E731
+    assert strip(_rows(part)) == strip(_rows(tmp_path / "full"))
 
 
 def test_ppo_changes_the_parameters_and_resumes_exactly(toolworld_model, tmp_path):
@@ -247,17 +282,26 @@ def test_heldout_evaluation_plays_fixed_heldout_tasks_sampled_and_greedy(toolwor
         assert row["eval_sampled_malformed_rate"] == 1.0  # a random model writes no call.
 
 
-def test_heldout_bfcl_tasks_share_the_training_tools():
+def test_bfcl_tasks_are_every_task_of_their_categories_over_several_tool_sets():
     pytest.importorskip("bfcl_eval")
     from rlagent.text import bfcl
 
-    tasks = text_train.bfcl_tasks(task="multi_turn_base_0", max_turns=4)
+    tasks = text_train.bfcl_tasks("multi_turn_base,multi_turn_miss_func", max_turns=4)
+    train = set(tasks.config["tasks"])
+    assert train == {
+        *bfcl.bfcl_task_ids("multi_turn_base", "train"),
+        *bfcl.bfcl_task_ids("multi_turn_miss_func", "train"),
+    }
     heldout = tasks.heldout()
-    assert heldout.tools == tasks.tools and heldout.config["split"] == "heldout"
-    assert set(heldout.config["tasks"]) <= set(bfcl.bfcl_task_ids("multi_turn_base", "heldout"))
-    assert not set(heldout.config["tasks"]) & set(tasks.config["tasks"])
+    assert heldout.config["split"] == "heldout" and not train & set(heldout.config["tasks"])
+    assert len(heldout.config["tasks"]) > 5  # the held-out split of every tool set.
+    rng = np.random.default_rng(0)
+    drawn = [make_env() for make_env, _ in (tasks.pick(rng) for _ in range(8))]
+    assert len({json.dumps(env.tools) for env in drawn}) > 1  # several tool sets in a run.
     with pytest.raises(ValueError, match="config.env.bfcl.split='train'"):
         heldout.heldout()
+    with pytest.raises(ValueError, match="config.env.bfcl.task='multi_turn_base_0' is not in"):
+        text_train.bfcl_tasks(split="heldout", task="multi_turn_base_0")
 
 
 def test_grpo_on_one_bfcl_task(tmp_path_factory, tmp_path):
@@ -279,6 +323,64 @@ def test_grpo_on_one_bfcl_task(tmp_path_factory, tmp_path):
         record["config"]["env"]["task"] == BFCL_TASK
         and BFCL_TASK in record["config"]["env"]["tasks"]
     )
+
+
+def _launch(folder, env, workdir, overrides):
+    """`python -m experiments.hf_agent` (two updates of one group of two episodes, turns of
+    at most 6 tokens, no evaluation); the finished process."""
+    common = ["--config.train.num_updates=2", "--config.train.num_groups=1",
+              "--config.train.group_size=2", "--config.sampling.max_new_tokens=6",
+              "--config.eval.every=0"]  # fmt: skip
+    command = [sys.executable, "-m", "experiments.hf_agent", f"--model_dir={folder}",
+               f"--env={env}", f"--workdir={workdir}", *common, *overrides]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+
+def test_the_launcher_trains_a_qwen3_checkpoint_with_the_official_template_on_toolworld(
+    tmp_path_factory, tmp_path
+):
+    """A Qwen3-shaped checkpoint whose tokenizer carries the official Qwen3 template: the
+    shipped prefix-stable one is used in its place, two updates, exit status 0."""
+    env = make_toolworld_text(level=1)
+    folder = _model_folder(
+        tmp_path_factory.mktemp("qwen3"), env.tools, [_SYSTEM], config=QWEN3, family="qwen3"
+    )
+    assert "last_query_index" in AutoTokenizer.from_pretrained(folder).chat_template
+    sizes = ["--config.sampling.obs_len=1500", "--config.sampling.max_prompt_len=1600"]
+    done = _launch(folder, "toolworld_text", tmp_path / "run", [
+        "--config.env.toolworld_text.max_turns=2", *sizes])  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    _assert_run_folder(tmp_path / "run", "grpo")
+    record = json.loads((tmp_path / "run" / "provenance.json").read_text())["config"]["model"]
+    assert record["chat_template"] == QWEN3_PREFIX_STABLE and record["policy"]["qk_norm"]
+
+
+def test_the_launcher_trains_a_qwen3_checkpoint_on_every_bfcl_task(tmp_path_factory, tmp_path):
+    """Two updates drawing from the whole training split (each episode renders its own
+    task's tools) with the official Qwen3 template, exit status 0: the leaderboard's
+    accuracy and the truncated share are columns."""
+    pytest.importorskip("bfcl_eval")
+    config = _config()
+    config.env.bfcl.update(max_turns=1)
+    _, _, tasks = hf_agent.build(config, "bfcl")
+    rngs = [np.random.default_rng(0), *(np.random.default_rng([0, u]) for u in range(2))]
+    envs = [tasks.pick(rng)[0]() for rng in rngs]  # the tasks the run draws.
+    texts = [m["content"] for env in envs for m in env.reset(0)]
+    tools = [tool for env in envs for tool in env.tools]
+    big = dataclasses.replace(QWEN3, vocab_size=2048)
+    folder = _model_folder(tmp_path_factory.mktemp("qwen3_bfcl"), tools, texts, 2000, big, "qwen3")
+    workdir = tmp_path / "bfcl"
+    done = _launch(folder, "bfcl", workdir, [
+        "--config.env.bfcl.max_turns=1", "--config.sampling.obs_len=5300",
+        "--config.sampling.max_prompt_len=5400"])  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = _assert_run_folder(workdir, "grpo")
+    assert all(float(row["bfcl_accuracy"]) == 0.0 for row in rows)  # a random model fails.
+    assert all(0.0 <= float(row["truncated"]) <= 1.0 for row in rows)
+    record = json.loads((workdir / "provenance.json").read_text())["config"]
+    assert record["model"]["chat_template"] == QWEN3_PREFIX_STABLE
+    assert record["env"]["tasks"] == list(tasks.config["tasks"])
+    assert len(record["env"]["tasks"]) > 100
 
 
 def _no_template(folder):

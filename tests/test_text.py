@@ -277,6 +277,33 @@ def test_turns_ended_by_the_policy_and_a_solved_episode(setup):
     assert float(metrics["guesses_when_solved"]) == 1.5 and float(metrics["tokens"]) == 3.0
 
 
+def test_an_episode_past_the_sizes_ends_truncated_and_the_loop_goes_on(setup):
+    chat = make_chat(setup["tokenizer"])
+    script = [["3", "3"]] * 3
+    loop = setup["loop"]._replace(chat=chat, sample=_scripted(chat, [["3"]] * 3))
+    env = lambda: GuessNumber(low=5, high=5, max_turns=3)  # noqa: E731
+    (full,) = loop.play(None, [loop.start(env(), 0)], setup["keys"][:1])
+    before_second = len(full.turns[0].obs) + len(full.turns[0].action) + len(full.turns[1].obs)
+    tight = dataclasses.replace(CONFIG, max_prompt_len=before_second - 1)
+    loop = loop._replace(config=tight, sample=_scripted(chat, script))
+    cut, whole = loop.play(None, [loop.start(env(), 0), loop.start(env(), 0)], setup["keys"][:2])
+    for episode in (cut, whole):  # the same episode twice: both cut after one turn.
+        assert len(episode.turns) == 1 and episode.over and not episode.done
+        assert f"more than TextConfig.max_prompt_len={before_second - 1}" in episode.truncated
+        assert len(episode.tokens) <= tight.max_prompt_len and episode.pending == []
+        assert episode.messages[-1] == {"role": "user", "content": "higher"}  # read by none.
+    traj = loop.trajectory([cut])
+    np.testing.assert_array_equal(traj.turn_mask[0], [True, False, False])
+    assert not traj.done.any()  # as a time limit: not terminated, masked after.
+    # A first prompt past obs_len: an episode of no turns, nothing sampled for it.
+    small = loop._replace(config=dataclasses.replace(CONFIG, obs_len=8), sample=None)
+    empty = small.start(env(), 0)
+    assert empty.over and empty.turns == [] and empty.tokens == []
+    assert "more than TextConfig.obs_len=8" in empty.truncated
+    assert small.play(None, [empty], setup["keys"][:1]) == [empty]
+    assert not np.asarray(small.trajectory([empty]).turn_mask).any()
+
+
 def test_a_generation_prompt_other_than_the_assistant_header_is_kept_as_read(setup):
     # As thinking templates that open an empty reasoning block only in the generation prompt.
     template = CHATML.replace(
@@ -342,12 +369,14 @@ def test_chat_refusals_name_the_fault(setup):
         make_chat(tokenizer, end_token="<|im_start|>")
     with pytest.raises(ChatTemplateError, match="not a token of the tokenizer"):
         make_chat(tokenizer, end_token="<|eot_id|>")
-    rewrites = make_chat(tiny_tokenizer(REWRITES_PAST))
-    conversation = [
-        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "4"},
-        {"role": "user", "content": "higher"},
-    ]  # fmt: skip
-    with pytest.raises(ChatTemplateError, match="prefix-stably"):
+    with pytest.raises(ChatTemplateError, match="prefix-stably in the probe case 'a reply, then"):
+        make_chat(tiny_tokenizer(REWRITES_PAST))
+    with pytest.raises(ChatTemplateError, match="prefix-stably"):  # the loop's own check.
+        conversation = [
+            {"role": "user", "content": "hi"}, {"role": "assistant", "content": "4"},
+            {"role": "user", "content": "higher"},
+        ]  # fmt: skip
+        rewrites = dataclasses.replace(setup["chat"], template=REWRITES_PAST)
         rewrites.extend(
             conversation, 2, rewrites.render(conversation[:2], generation_prompt=False), []
         )
@@ -360,9 +389,11 @@ def test_policy_and_environment_refusals(setup):
         check_vocab(chat, small)
     with pytest.raises(ChatTemplateError, match="pad_id=5 is not the tokenizer's padding"):
         check_vocab(chat, PolicyConfig(vocab_size=config.vocab_size, pad_id=5))
+    # A loop renders each environment's own tools, whatever tools its chat was probed with.
     no_tools = loop._replace(chat=make_chat(setup["tokenizer"]))
-    with pytest.raises(ChatTemplateError, match="uses tools"):
-        no_tools.start(GuessNumber(use_tools=True), 0)
-    tight = loop._replace(config=TextConfig(max_new_tokens=10, obs_len=16, max_prompt_len=352))
-    with pytest.raises(ValueError, match="more than TextConfig.obs_len=16"):
-        tight.start(GuessNumber(use_tools=True), 0)
+    episode = no_tools.start(GuessNumber(use_tools=True), 0)
+    assert episode.tools == (GUESS_TOOL,) and '"guess"' in no_tools.chat.decode(episode.tokens)
+    assert no_tools.start(GuessNumber(use_tools=False), 0).tools is None
+    with pytest.raises(ChatTemplateError, match="ignores tools"):
+        ignores = make_chat(tiny_tokenizer(CHATML.replace("{{ tool | tojson }}", "a tool")))
+        loop._replace(chat=ignores).start(GuessNumber(use_tools=True), 0)

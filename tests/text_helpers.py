@@ -5,6 +5,8 @@ vocabulary (304 rows) pads the tokenizer's 300 tokens.
 Import it after `pytest.importorskip("transformers")` and `pytest.importorskip("jinja2")`.
 """
 
+import os
+
 import numpy as np
 from flax import nnx
 from tokenizers import Tokenizer
@@ -18,6 +20,35 @@ from rlagent.models import Policy
 from rlagent.models import PolicyConfig
 
 SPECIAL = ["<pad>", "<|im_start|>", "<|im_end|>"]
+# The special tokens of the official templates' families (tests/fixtures/templates).
+QWEN_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+LLAMA_SPECIAL = ["<|begin_of_text|>", "<|finetune_right_pad_id|>", "<|start_header_id|>",
+                 "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"]  # fmt: skip
+TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "templates")
+
+
+def official_template(name):
+    """The official chat template text of `name` (qwen3, qwen2.5, llama3.1; README.md there
+    says where each comes from)."""
+    with open(os.path.join(TEMPLATES, f"{name}.jinja")) as file:
+        return file.read()
+
+
+def family_tokenizer(name, *, vocab_size=300, corpus=()):
+    """A tiny tokenizer with the official template of `name` and its family's special
+    tokens (Qwen: pad <|endoftext|>, end <|im_end|>; Llama: pad
+    <|finetune_right_pad_id|>, end <|eot_id|>, bos <|begin_of_text|>)."""
+    if name.startswith("llama"):
+        return tiny_tokenizer(
+            official_template(name), vocab_size=vocab_size, corpus=corpus, special=LLAMA_SPECIAL,
+            eos="<|eot_id|>", pad="<|finetune_right_pad_id|>", bos="<|begin_of_text|>",
+        )  # fmt: skip
+    return tiny_tokenizer(
+        official_template(name), vocab_size=vocab_size, corpus=corpus, special=QWEN_SPECIAL,
+        pad="<|endoftext|>",
+    )  # fmt: skip
+
+
 CHATML = (
     "{%- if tools %}<|im_start|>system\n# Tools\n{% for tool in tools %}{{ tool | tojson }}\n"
     "{% endfor %}<|im_end|>\n{% endif %}"
@@ -27,15 +58,19 @@ CHATML = (
 )
 
 
-def tiny_tokenizer(template=CHATML, *, vocab_size=300, corpus=()):
+def tiny_tokenizer(
+    template=CHATML, *, vocab_size=300, corpus=(), special=SPECIAL, eos="<|im_end|>", pad="<pad>",
+    bos=None,
+):  # fmt: skip
     """A `vocab_size`-token byte-level BPE tokenizer with the chat template `template`,
     its merges learnt from a few words and the texts of `corpus` (e.g. an environment's
-    tool schemas, so that its prompts take fewer tokens)."""
+    tool schemas, so that its prompts take fewer tokens), and the `special` tokens (a
+    family's own: `QWEN_SPECIAL`, `LLAMA_SPECIAL`)."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL, show_progress=False,
+        vocab_size=vocab_size, special_tokens=list(special), show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )  # fmt: skip
     words = ["system user assistant tool guess number higher lower correct function"] * 4
@@ -43,7 +78,7 @@ def tiny_tokenizer(template=CHATML, *, vocab_size=300, corpus=()):
         [*words, *corpus, "You guess numbers. Guess my number from 1 to 9."], trainer
     )
     hf = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="<pad>", eos_token="<|im_end|>"
+        tokenizer_object=tokenizer, pad_token=pad, eos_token=eos, bos_token=bos
     )
     hf.chat_template = template
     return hf

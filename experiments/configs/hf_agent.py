@@ -8,15 +8,16 @@ Usage:
       --config.env.bfcl.category=multi_turn_base --config.env.bfcl.split=train
 
 Sections: `env` (one sub-section per --env: `toolworld_text`, ToolWorldConfig fields;
-`bfcl`, the task pool), `eval` (held-out evaluation), `preference` (online DPO),
-`sampling` (rlagent.text.TextConfig fields: tokens per turn, prompt sizes,
-temperature), `train` (the update: rlagent.train.config.TrainConfig fields: updates,
-tasks per update = num_groups, group_size, learning rate, KL to the reference, ...; the
-fields left None take the algorithm's values, rlagent.text.train.ALGORITHMS) and `model`
-(parameter dtype, rematerialisation; end-of-turn and padding tokens, '' = the tokenizer's
-eos / pad token), `mesh` (FSDP over local devices: `--config.mesh.devices=-1` for all),
-`critic` (PPO's value model, rlagent.text.critic.CriticConfig: its checkpoint folder,
-learning rate, warm-up updates; read when the estimator reads values, as ppo's gae_token).
+`bfcl`, the task pool: categories, split, one task or all), `eval` (held-out evaluation),
+`preference` (online DPO), `sampling` (rlagent.text.TextConfig fields: tokens per turn,
+prompt sizes, temperature), `train` (the update: rlagent.train.config.TrainConfig fields:
+updates, tasks per update = num_groups, group_size, learning rate, KL to the reference,
+...; the fields left None take the algorithm's values, rlagent.text.train.ALGORITHMS) and
+`model` (parameter dtype, rematerialisation; end-of-turn and padding tokens, '' = the
+tokenizer's eos / pad token; the chat template's enable_thinking), `mesh` (FSDP over local
+devices: `--config.mesh.devices=-1` for all), `critic` (PPO's value model,
+rlagent.text.critic.CriticConfig: its checkpoint folder, learning rate, warm-up updates;
+read when the estimator reads values, as ppo's gae_token).
 """
 
 import ml_collections
@@ -40,6 +41,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.dtype = "float32"  # parameter and matmul dtype: float32 | bfloat16.
     config.model.end_token = ""  # end-of-turn token; '' = the tokenizer's eos_token.
     config.model.pad_token = ""  # padding token; '' = the tokenizer's pad_token.
+    # The chat template's enable_thinking (Qwen3: False gives the generation prompt an empty
+    # think block); None = not passed, the template's default.
+    config.model.enable_thinking = config_dict.placeholder(bool)
     # Recompute each decoder block in the backward pass: the update keeps one block's
     # attention weights at a time instead of every block's (docs/text.md, memory).
     config.model.remat = False
@@ -52,8 +56,9 @@ def get_config() -> ml_collections.ConfigDict:
     # ToolWorld in text mode (rlagent.text.toolworld): a task is a world seed.
     # task_split='train': training never draws the held-out task cells (evaluation's).
     config.env.toolworld_text = section(ToolWorldConfig, level=1, task_split="train")
-    # BFCL multi-turn (rlagent.text.bfcl): the tasks of a category's split that share the
-    # tools of `task` ('' = the split's first task).
+    # BFCL multi-turn (rlagent.text.bfcl): every task of the split of `category` (several
+    # categories separated by commas; each episode renders its own task's tools), or only
+    # `task` when set.
     config.env.bfcl = ml_collections.ConfigDict(
         dict(category="multi_turn_base", split="train", task="", max_turns=16, max_steps=20)
     )

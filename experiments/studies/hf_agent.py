@@ -47,6 +47,7 @@ def run(
     agent = text_train.check_model(
         model_dir, tasks.tools, dtype=model.dtype, end_token=model.end_token or None,
         pad_token=model.pad_token or None, remat=model.remat,
+        enable_thinking=model.enable_thinking,
     )  # fmt: skip
     return text_train.run_text(
         train_config, text_config, tasks, agent, workdir=workdir, seed=config.seed,

@@ -15,7 +15,21 @@ tokens between the end-of-turn token and the next message, then the next message
 the generation prompt); the transcript keeps the generated ids. Renderings are compared
 at message boundaries only, never inside an assistant's re-tokenized text. A template that does not
 render prefix-stably (one that rewrites earlier turns, such as dropping the reasoning of
-past assistant turns) is refused with `ChatTemplateError`, naming the messages.
+past assistant turns) is refused with `ChatTemplateError`, naming the messages; `make_chat`
+checks that before anything runs, on probe conversations (`probe_cases`: a reply, reasoning,
+a tool call and its result, each followed by a new user turn).
+
+Templates: the tokenizer's own, except Qwen3's official hybrid-thinking template, which is
+not prefix-stable (it adds an empty think block to an assistant turn only while it is the
+last message and drops the reasoning of turns before the last user query); it is replaced
+by `templates/qwen3_prefix_stable.jinja` (recognised by its text, `select_template`), which
+renders every assistant turn the same wherever it stands. `enable_thinking` is passed to
+the template (Qwen3: False puts the empty think block in the generation prompt).
+
+Tools: the tool schemas are rendered per episode (`ChatFormat.for_tools`: an environment's
+own `tools`); an assistant turn whose text holds well-formed calls is appended with the
+template's `tool_calls` field when the template reads one (`assistant_turn`), so that the
+template renders the calls natively (Llama 3.x: `{"name": ..., "parameters": ...}`).
 
 Vocabulary: the model may have more embedding rows than the tokenizer has tokens (HF
 checkpoints pad their embeddings, Qwen2.5: 151936 rows for 151665 tokens); the ids past
@@ -27,6 +41,7 @@ tokenizer's padding token.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,13 +49,23 @@ import numpy as np
 
 from rlagent.models.hf import CheckpointError
 from rlagent.models.llama import PolicyConfig
+from rlagent.text.toolcalls import parse_tool_calls
+from rlagent.text.toolcalls import text_outside_calls
+from rlagent.text.toolcalls import tool_call_text
 
 Message = dict[str, Any]  # {"role": ..., "content": ...} as `apply_chat_template` reads it.
 
 # Probe messages of the checks at construction (`make_chat`).
+_PROBE_SYSTEM = "probe system"
 _PROBE_USER = "probe question"
 _PROBE_REPLY = "probe reply"
 _PROBE_TOOL = "probe tool result"
+_PROBE_REASONING = "<think>\nprobe reasoning\n</think>\n\n"
+_PROBE_NEXT = "probe next question"
+# The templates shipped with rlagent (templates/*.jinja) and the name of the tokenizer's own.
+TEMPLATES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
+QWEN3_PREFIX_STABLE = "qwen3_prefix_stable"
+OWN_TEMPLATE = "tokenizer"
 
 
 class ChatTemplateError(ValueError):
@@ -73,15 +98,30 @@ class ChatFormat:
     pad_id: int  # pads the Trajectory's turns; never generated, never in a template's tokens.
     vocab_size: int  # len(tokenizer): ids the tokenizer knows.
     tools: tuple[dict, ...] | None = None  # tool schemas passed to the template.
+    template: str | None = None  # the Jinja text rendered with (None: the tokenizer's own).
+    template_name: str = OWN_TEMPLATE  # OWN_TEMPLATE or a shipped template's name.
+    enable_thinking: bool | None = None  # passed to the template (None: its default).
+
+    @property
+    def native_tool_calls(self) -> bool:
+        """The template reads an assistant message's `tool_calls` field."""
+        return "tool_calls" in (self.template or self.tokenizer.chat_template or "")
+
+    def for_tools(self, tools: Sequence[dict] | None) -> ChatFormat:
+        """The format of an episode whose environment has these tools (None: no tools)."""
+        return dataclasses.replace(self, tools=tuple(tools) if tools else None)
 
     def render(self, messages: Sequence[Message], *, generation_prompt: bool) -> list[int]:
         """The template's token ids of `messages` (and the assistant header if asked)."""
+        options = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
         try:
             text = self.tokenizer.apply_chat_template(
                 list(messages),
                 tools=None if self.tools is None else list(self.tools),
                 add_generation_prompt=generation_prompt,
                 tokenize=False,
+                chat_template=self.template,
+                **options,
             )
         except Exception as error:  # Jinja's TemplateError, raise_exception(), KeyError...
             roles = [m.get("role") for m in messages]
@@ -142,6 +182,32 @@ class ChatFormat:
             spans, rendered = [MessageSpan("template", 0, len(tokens))], list(base)
         self._check_tokens(tokens)
         return tokens, spans, rendered
+
+    def assistant_message(self, text: str) -> Message:
+        """The assistant message of a turn's text: with the template's `tool_calls` field
+        (the calls of `parse_tool_calls`, the content the text around them) when the
+        template reads one and the text holds well-formed calls, else the text as content."""
+        parsed = parse_tool_calls(text)
+        if not self.native_tool_calls or parsed.error is not None or not parsed.calls:
+            return {"role": "assistant", "content": text}
+        calls = [
+            {"type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            for call in parsed.calls
+        ]
+        return {"role": "assistant", "content": text_outside_calls(text), "tool_calls": calls}
+
+    def assistant_turn(self, messages: Sequence[Message], text: str) -> tuple[Message, list[int]]:
+        """`(the assistant message of text, the rendering of messages with it)`, no
+        generation prompt; a template that refuses the structured calls (Llama 3.1 takes
+        one call per message) gets the text as content."""
+        message = self.assistant_message(text)
+        try:
+            return message, self.render([*messages, message], generation_prompt=False)
+        except ChatTemplateError:
+            if "tool_calls" not in message:
+                raise
+        plain = {"role": "assistant", "content": text}
+        return plain, self.render([*messages, plain], generation_prompt=False)
 
     def after_assistant(self, before: Sequence[int], closed: Sequence[int]) -> list[int]:
         """The template's tokens after an assistant turn's end-of-turn token.
@@ -208,42 +274,130 @@ def make_chat(
     tools: Sequence[dict] | None = None,
     end_token: str | None = None,
     pad_token: str | None = None,
+    enable_thinking: bool | None = None,
 ) -> ChatFormat:
     """Wraps a HF tokenizer and its chat template, checked on probe conversations.
 
     Args:
-      tokenizer: a transformers tokenizer with a `chat_template`.
-      tools: the environment's tool schemas (JSON-schema dicts, as `apply_chat_template`
-        takes them); with tools the template must render them and render `tool` messages.
+      tokenizer: a transformers tokenizer with a `chat_template` (Qwen3's official one is
+        replaced by the shipped prefix-stable one, `select_template`).
+      tools: tool schemas the template is probed with (JSON-schema dicts, as
+        `apply_chat_template` takes them); an episode renders its environment's own tools
+        (`ChatFormat.for_tools`). With tools the template must render them and `tool`
+        messages.
       end_token: the end-of-turn token (default: the tokenizer's `eos_token`).
       pad_token: the padding token (default: the tokenizer's `pad_token`).
+      enable_thinking: passed to the template (None: not passed, the template's default).
     Raises:
       ChatTemplateError naming the fault: no chat template, no (or an unknown)
       end-of-turn or padding token, a template that does not end assistant turns with the
-      end-of-turn token, ignores the tools or cannot render tool messages.
+      end-of-turn token, ignores the tools, cannot render tool messages, or does not
+      render prefix-stably (naming the probe case, `check_prefix_stable`).
     """
-    if not getattr(tokenizer, "chat_template", None):
+    own = getattr(tokenizer, "chat_template", None)
+    if not own:
         raise ChatTemplateError(
             f"tokenizer {type(tokenizer).__name__} has no chat template (chat_template is "
             "None): a text environment needs the model's own template"
         )
+    if not isinstance(own, str):
+        raise ChatTemplateError(
+            f"tokenizer {type(tokenizer).__name__} has several named chat templates "
+            f"{sorted(own)}; set tokenizer.chat_template to the one to use"
+        )
+    name, template = select_template(own)
     chat = ChatFormat(
         tokenizer=tokenizer,
         end_id=_token_id(tokenizer, end_token or tokenizer.eos_token, "end-of-turn (eos)"),
         pad_id=_token_id(tokenizer, pad_token or tokenizer.pad_token, "padding"),
         vocab_size=len(tokenizer),
-        tools=None if tools is None else tuple(tools),
+        tools=tuple(tools) if tools else None,
+        template=template,
+        template_name=name,
+        enable_thinking=enable_thinking,
     )
     if chat.end_id == chat.pad_id:
         raise ChatTemplateError(
             f"the end-of-turn and padding tokens are the same (id {chat.pad_id})"
         )
-    user = [{"role": "user", "content": _PROBE_USER}]
-    reply = [*user, {"role": "assistant", "content": _PROBE_REPLY}]
-    _check_end(chat, user, reply)
-    if tools:
-        _check_tools(chat, user, reply)
+    _check_end(chat)
+    if chat.tools:
+        check_tools(chat)
+    check_prefix_stable(chat)
     return chat
+
+
+def select_template(template: str) -> tuple[str, str]:
+    """`(name, Jinja text)` of the template to render with: the shipped prefix-stable
+    Qwen3 template for Qwen3's official hybrid-thinking one (recognised by its last-query
+    scan and its enable_thinking switch), else the tokenizer's own (`OWN_TEMPLATE`)."""
+    if "ns.last_query_index" in template and "enable_thinking" in template:
+        return QWEN3_PREFIX_STABLE, shipped_template(QWEN3_PREFIX_STABLE)
+    return OWN_TEMPLATE, template
+
+
+def shipped_template(name: str) -> str:
+    """The Jinja text of a template shipped with rlagent (`templates/<name>.jinja`)."""
+    with open(os.path.join(TEMPLATES_DIR, f"{name}.jinja")) as file:
+        return file.read()
+
+
+def probe_cases(chat: ChatFormat) -> dict[str, list[Message]]:
+    """The multi-turn conversations `check_prefix_stable` renders: a reply and a reply
+    with reasoning, each followed by a new user turn, and (with tools) a tool call, its
+    result and a reply, with and without reasoning, then a new user turn."""
+    opening = [
+        {"role": "system", "content": _PROBE_SYSTEM},
+        {"role": "user", "content": _PROBE_USER},
+    ]
+    user = {"role": "user", "content": _PROBE_NEXT}
+    cases = {}
+    for label, prefix in (("", ""), ("reasoning, ", _PROBE_REASONING)):
+        reply = chat.assistant_message(prefix + _PROBE_REPLY)
+        cases[f"{label}a reply, then a new user turn"] = [*opening, reply, user]
+        if chat.tools:
+            name = chat.tools[0].get("function", chat.tools[0]).get("name", "probe")
+            call = chat.assistant_message(prefix + tool_call_text(name, {}))
+            tool = {"role": "tool", "content": _PROBE_TOOL}
+            case = f"{label}a tool call, its result, a reply, then a new user turn"
+            cases[case] = [*opening, call, tool, chat.assistant_message(_PROBE_REPLY), user]
+    return cases
+
+
+def check_prefix_stable(chat: ChatFormat) -> None:
+    """Refuses a template whose rendering of a probe conversation (`probe_cases`) does not
+    extend, token by token, its rendering up to each assistant turn and after it: what the
+    episode loop needs to build a transcript message by message.
+
+    Raises:
+      ChatTemplateError naming the probe case, the message whose tokens change and the
+      fix.
+    """
+    for case, messages in probe_cases(chat).items():
+        full = chat.render(messages, generation_prompt=True)
+        for index, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            for stop, where in ((index, "before"), (index + 1, "through")):
+                part = chat.render(messages[:stop], generation_prompt=False)
+                if full[: len(part)] != part:
+                    _unstable(chat, case, messages, index, where, part, full)
+
+
+def _unstable(chat, case, messages, index, where, part, full) -> None:
+    at = _first_difference(part, full)
+    shown = lambda ids: repr(chat.decode(ids[at : at + 8]))  # noqa: E731
+    raise ChatTemplateError(
+        f"the chat template ({chat.template_name}) does not render prefix-stably in the probe "
+        f"case {case!r} (roles {[m['role'] for m in messages]}): the tokens {where} assistant "
+        f"message {index} change once later messages follow (first difference at token {at}: "
+        f"{shown(full)} where the conversation ending there has {shown(part)}), as with a "
+        "template that drops past reasoning or gives a turn an empty think block only while "
+        "it is the last message. An episode is built token by token, so every turn must "
+        "render the same wherever it stands. Fix: set the tokenizer's chat_template to a "
+        "prefix-stable one (rlagent ships one for Qwen3, used in place of the official Qwen3 "
+        "template; docs/text.md, 'Chat templates')"
+    )
 
 
 def check_vocab(chat: ChatFormat, config: PolicyConfig) -> None:
@@ -264,8 +418,10 @@ def check_vocab(chat: ChatFormat, config: PolicyConfig) -> None:
         )
 
 
-def _check_end(chat: ChatFormat, user, reply) -> None:
+def _check_end(chat: ChatFormat) -> None:
     """The template closes an assistant message with the end-of-turn token."""
+    user = [{"role": "user", "content": _PROBE_USER}]
+    reply = [*user, {"role": "assistant", "content": _PROBE_REPLY}]
     before = chat.render(user, generation_prompt=False)
     chat.after_assistant(before, chat.render(reply, generation_prompt=False))
     turn = chat.decode(chat.render(reply, generation_prompt=False)[len(before) :])
@@ -277,21 +433,24 @@ def _check_end(chat: ChatFormat, user, reply) -> None:
         )
 
 
-def _check_tools(chat: ChatFormat, user, reply) -> None:
+def check_tools(chat: ChatFormat) -> None:
+    """Refuses a template that ignores `chat.tools` or cannot render `tool` messages."""
     names = [tool.get("function", tool).get("name") for tool in chat.tools]
-    text = chat.tokenizer.decode(chat.render(user, generation_prompt=True))
+    user = [{"role": "user", "content": _PROBE_USER}]
+    text = chat.decode(chat.render(user, generation_prompt=True))
     ignored = [name for name in names if name and name not in text]
     if ignored:
         raise ChatTemplateError(
             f"the chat template ignores tools=: the tool(s) {ignored} do not appear in its "
             "rendering"
         )
-    tool_turn = [*reply, {"role": "tool", "content": _PROBE_TOOL}]
+    tool_turn = [*user, {"role": "assistant", "content": _PROBE_REPLY},
+                 {"role": "tool", "content": _PROBE_TOOL}]  # fmt: skip
     try:
         rendered = chat.render(tool_turn, generation_prompt=True)
     except ChatTemplateError as error:
         raise ChatTemplateError(f"the chat template cannot render tool messages: {error}") from None
-    if _PROBE_TOOL not in chat.tokenizer.decode(rendered):
+    if _PROBE_TOOL not in chat.decode(rendered):
         raise ChatTemplateError(
             "the chat template cannot render tool messages: a 'tool' message's content does "
             "not appear in its rendering"

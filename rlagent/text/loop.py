@@ -20,6 +20,16 @@ state of the episode at its current turn, and turn t of an episode samples with
 `fold_in(keys[b], t)`: a fork played with the episode's own key continues exactly as the
 episode did; other keys give Monte-Carlo continuations of the same state.
 
+Tools are rendered per episode: an episode's template tokens carry its environment's own
+`tools` (`ChatFormat.for_tools`), so one batch may mix tasks of different tool sets.
+
+Sizes: an episode whose next turn would read more than `TextConfig.obs_len` template
+tokens, or whose transcript before a turn would pass `max_prompt_len`, ends there as
+*truncated* (`Episode.truncated` says why; the reply that does not fit is not appended):
+its last played turn has `done` False, as an episode cut at `max_turns`, so estimators
+treat it as a time limit (masked after it, bootstrapped where the estimator bootstraps);
+the run goes on. A first prompt that does not fit gives an episode of no turns.
+
 `TextLoop.trajectory(episodes)` lays the episodes out as the trainer's `Trajectory`
 (turns x tokens): `obs_tokens [B, S, O]` the template tokens read before turn s (PAD
 after them), `action_tokens [B, S, L]` the generated ids (END included, PAD after),
@@ -49,9 +59,9 @@ from rlagent.models.sampler import Generation
 from rlagent.models.sampler import allowed_to_mask
 from rlagent.models.sampler import generate
 from rlagent.text.chat import ChatFormat
-from rlagent.text.chat import ChatTemplateError
 from rlagent.text.chat import Message
 from rlagent.text.chat import MessageSpan
+from rlagent.text.chat import check_tools
 from rlagent.text.chat import check_vocab
 from rlagent.types import Trajectory
 
@@ -62,8 +72,9 @@ class TextEnvironment(Protocol):
 
     `signals` of a step hold a float for every name of `signal_names` and, optionally,
     `success` (> 0 on the turn that solves the episode). `done` ends the episode
-    (termination); the loop stops an episode after `max_turns` turns (truncation).
-    Optional: `tools` (the tool schemas the chat template renders) and
+    (termination); the loop stops an episode after `max_turns` turns, or when its next turn
+    does not fit the loop's sizes (truncation). Optional: `tools` (the tool schemas the
+    chat template renders in this episode) and
     `episode_metrics(signals, turn_mask, action_tokens)`, as `rlagent.envs.base`'s (read by
     `rlagent.train.ppo.episode_metrics`).
     """
@@ -107,7 +118,7 @@ class TextConfig:
     @property
     def transcript_len(self) -> int:
         """P + L: the longest transcript an episode of the loop can have (every transcript
-        before a turn is at most P tokens, `_check_sizes`, and a turn adds at most L). The
+        before a turn is at most P tokens, `_size_fault`, and a turn adds at most L). The
         scorer, the critic and the judge read packed transcripts this wide, not the
         trajectory's S * (O + L) slots."""
         return self.max_prompt_len + self.max_new_tokens
@@ -141,12 +152,14 @@ class Episode:
     turns: list[TurnRecord]
     rendered: list[int]  # the template's rendering of the messages before the next turn.
     pending: list[int]  # the template tokens the next turn reads.
+    tools: tuple[dict, ...] | None = None  # the tool schemas its template tokens carry.
     done: bool = False  # terminated by the environment.
+    truncated: str = ""  # why the next turn did not fit the sizes ('' while it fits).
 
     @property
     def over(self) -> bool:
-        """Terminated, or truncated after `env.max_turns` turns."""
-        return self.done or len(self.turns) >= self.env.max_turns
+        """Terminated, truncated by the sizes, or after `env.max_turns` turns."""
+        return self.done or bool(self.truncated) or len(self.turns) >= self.env.max_turns
 
 
 def fork(episode: Episode) -> Episode:
@@ -162,14 +175,19 @@ class TextLoop(NamedTuple):
     sample: Any  # jitted (params, prompts [B, P], valid [B, P], keys [B]) -> Generation.
 
     def start(self, env: Any, seed: int) -> Episode:
-        """A fresh episode: `env.reset(seed)` rendered up to the generation prompt."""
-        _check_env(env, self.chat)
+        """A fresh episode: `env.reset(seed)` rendered with the environment's tools up to
+        the generation prompt (truncated with no turn if that does not fit the sizes)."""
+        _check_env(env)
+        chat = self.chat.for_tools(getattr(env, "tools", None))
+        if chat.tools:
+            check_tools(chat)
         messages = list(env.reset(seed))
-        tokens, spans, rendered = self.chat.extend(messages, 0, [], [])
-        episode = Episode(
-            env, messages, list(tokens), [False] * len(tokens), spans, [], rendered, pending=tokens
-        )
-        _check_sizes(episode, self.config)
+        tokens, spans, rendered = chat.extend(messages, 0, [], [])
+        episode = Episode(env, messages, [], [], [], [], rendered, [], tools=chat.tools)
+        episode.truncated = _size_fault(tokens, 0, 0, self.config)
+        if not episode.truncated:
+            episode.tokens, episode.loss_mask = list(tokens), [False] * len(tokens)
+            episode.spans, episode.pending = spans, tokens
         return episode
 
     def play(
@@ -208,15 +226,17 @@ class TextLoop(NamedTuple):
         return to_trajectory(episodes, self.config, self.chat.pad_id)
 
     def _advance(self, episode: Episode, ids: list[int], logp: list[float]) -> None:
-        """Appends one generated turn, steps the environment, appends its reply."""
-        chat = self.chat
+        """Appends one generated turn, steps the environment, appends its reply (or ends
+        the episode as truncated when the reply does not fit the sizes)."""
+        chat = self.chat.for_tools(episode.tools)
         ended = bool(ids) and ids[-1] == chat.end_id
         text = chat.decode(ids[:-1] if ended else ids)
         start = len(episode.tokens)
         episode.tokens += ids
         episode.loss_mask += [True] * len(ids)
         episode.spans.append(MessageSpan("assistant", start, len(episode.tokens)))
-        episode.messages.append({"role": "assistant", "content": text})
+        message, closed = chat.assistant_turn(episode.messages, text)
+        episode.messages.append(message)
         reply, signals, done = episode.env.step(text)
         signals = {name: float(value) for name, value in signals.items()}
         missing = [name for name in episode.env.signal_names if name not in signals]
@@ -229,15 +249,18 @@ class TextLoop(NamedTuple):
         if episode.over:
             episode.pending = []
             return
-        closed = chat.render(episode.messages[:assistant], generation_prompt=False)
         glue = ([] if ended else [chat.end_id]) + chat.after_assistant(episode.rendered, closed)
         tokens, spans, episode.rendered = chat.extend(episode.messages, assistant, closed, glue)
+        turn = len(episode.turns)
+        episode.truncated = _size_fault(tokens, len(episode.tokens), turn, self.config)
+        if episode.truncated:
+            episode.pending = []
+            return
         offset = len(episode.tokens)
         episode.spans += [MessageSpan(s.role, s.start + offset, s.stop + offset) for s in spans]
         episode.tokens += tokens
         episode.loss_mask += [False] * len(tokens)
         episode.pending = tokens
-        _check_sizes(episode, self.config)
 
 
 def make_text_loop(
@@ -319,20 +342,23 @@ def _left_pad(episodes: Sequence[Episode], length: int, pad_id: int):
     return jnp.asarray(prompts), jnp.asarray(valid)
 
 
-def _check_sizes(episode: Episode, config: TextConfig) -> None:
-    if len(episode.pending) > config.obs_len:
-        raise ValueError(
-            f"turn {len(episode.turns)} reads {len(episode.pending)} template tokens, more "
-            f"than TextConfig.obs_len={config.obs_len}"
+def _size_fault(tokens: Sequence[int], before: int, turn: int, config: TextConfig) -> str:
+    """Why turn `turn` cannot read `tokens` after a transcript of `before` tokens ('' if
+    it can)."""
+    if len(tokens) > config.obs_len:
+        return (
+            f"turn {turn} would read {len(tokens)} template tokens, more than "
+            f"TextConfig.obs_len={config.obs_len}"
         )
-    if len(episode.tokens) > config.max_prompt_len:
-        raise ValueError(
-            f"the transcript before turn {len(episode.turns)} has {len(episode.tokens)} "
-            f"tokens, more than TextConfig.max_prompt_len={config.max_prompt_len}"
+    if before + len(tokens) > config.max_prompt_len:
+        return (
+            f"the transcript before turn {turn} would have {before + len(tokens)} tokens, "
+            f"more than TextConfig.max_prompt_len={config.max_prompt_len}"
         )
+    return ""
 
 
-def _check_env(env: Any, chat: ChatFormat) -> None:
+def _check_env(env: Any) -> None:
     missing = [
         name for name in ("max_turns", "signal_names", "reset", "step") if not hasattr(env, name)
     ]
@@ -340,9 +366,3 @@ def _check_env(env: Any, chat: ChatFormat) -> None:
         raise TypeError(f"{type(env).__name__} is not a TextEnvironment: it lacks {missing}")
     if "success" in env.signal_names:
         raise ValueError(f"{type(env).__name__}.signal_names must not list 'success'")
-    tools = getattr(env, "tools", None)
-    if tools and (chat.tools is None or tuple(tools) != chat.tools):
-        raise ChatTemplateError(
-            f"{type(env).__name__} uses tools that the ChatFormat does not render: make it "
-            "with make_chat(tokenizer, tools=env.tools)"
-        )

@@ -24,6 +24,9 @@ reference and the optimiser state live in FSDP layout over its devices: the text
 jitted generation reads the sharded parameters (XLA gathers what a layer needs), the
 update keeps its state sharded and splits the batch's episodes over every device.
 
+An episode that outgrows the sampling sizes ends as truncated (`rlagent.text.loop`): the
+run goes on and the row's `truncated` column counts such episodes.
+
 `check_model` refuses, before anything is written, a folder that is no checkpoint the
 loader reads (`rlagent.models.checkpoint.read_checkpoint`), a tokenizer the folder lacks or
 one without a chat template (`rlagent.text.chat.make_chat`), and a vocabulary mismatch
@@ -108,16 +111,19 @@ EVAL_MODES = ("sampled", "greedy")  # the loop's temperature, then temperature 0
 
 
 class TaskSet(NamedTuple):
-    """Where a run's tasks come from: one tool set, a task drawn per group."""
+    """Where a run's tasks come from: a task drawn per group; each episode renders its own
+    environment's tools (`rlagent.text.loop`)."""
 
     name: str  # the environment's name (the metric rows' `condition` is the algorithm).
     config: dict[str, Any]  # the resolved settings (provenance.json's `env`).
-    tools: tuple[dict, ...] | None  # the tool schemas every task shares.
+    tools: tuple[dict, ...] | None  # the first task's tool schemas: the template's probe.
     # pick(rng) -> (make_env: () -> a fresh environment of one task, its reset seed).
     pick: Callable[[np.random.Generator], tuple[Callable[[], Any], int]]
-    # heldout() -> the TaskSet of tasks this one never draws (same tools); a ValueError
-    # naming the field when this set is not a training split.
+    # heldout() -> the TaskSet of tasks this one never draws; a ValueError naming the
+    # field when this set is not a training split.
     heldout: Callable[[], TaskSet]
+    # metrics(envs) -> metric columns of a batch's played environments (None: none).
+    metrics: Callable[[list[Any]], dict[str, float]] | None = None
 
 
 class Preference(NamedTuple):
@@ -179,28 +185,21 @@ def toolworld_tasks(config: ToolWorldConfig) -> TaskSet:
 def bfcl_tasks(
     category: str = "multi_turn_base", split: str = "train", task: str = "", **options: Any
 ) -> TaskSet:
-    """BFCL multi-turn tasks of a category's split that share the tools of `task` (default:
-    the split's first task); a TextLoop renders one tool set. `options`: max_turns,
-    max_steps (`bfcl.BFCLText`)."""
-    ids = bfcl.bfcl_task_ids(category, split)
-    anchor = task or ids[0]
-    if anchor not in ids:
+    """BFCL multi-turn tasks: every task of the split of `category` (several categories
+    separated by commas), or only `task` when set; each episode renders its own task's
+    tools. `options`: max_turns, max_steps (`bfcl.BFCLText`). The batch metric
+    `bfcl_accuracy` is the leaderboard's multi-turn accuracy: the share of episodes whose
+    whole task the package's checker passes (`bfcl.package_check`)."""
+    categories = tuple(name.strip() for name in category.split(",") if name.strip())
+    if not categories:
+        raise ValueError("config.env.bfcl.category names no BFCL multi-turn category")
+    ids = tuple(i for name in categories for i in bfcl.bfcl_task_ids(name, split))
+    if task and task not in ids:
         raise ValueError(
-            f"config.env.bfcl.task={anchor!r} is not in the {split!r} split of {category!r}"
+            f"config.env.bfcl.task={task!r} is not in the {split!r} split of {category!r}"
         )
-    tools = bfcl.make_bfcl_text(anchor, **options).tools
-    return _bfcl_set(category, split, anchor, tools, options)
-
-
-def _bfcl_set(category: str, split: str, anchor: str, tools, options: dict) -> TaskSet:
-    """The tasks of `split` with the tools of `anchor` (a training task)."""
-    ids = bfcl.bfcl_task_ids(category, split)
-    pool = tuple(i for i in ids if bfcl.make_bfcl_text(i, **options).tools == tools)
-    if not pool:
-        raise ValueError(
-            f"no task of the {split!r} split of {category!r} has the tools of {anchor!r} "
-            "(config.env.bfcl.task)"
-        )
+    pool = (task,) if task else ids
+    tools = bfcl.make_bfcl_text(pool[0], **options).tools
 
     def pick(rng: np.random.Generator):
         task_id = pool[int(rng.integers(len(pool)))]
@@ -212,15 +211,21 @@ def _bfcl_set(category: str, split: str, anchor: str, tools, options: dict) -> T
                 "held-out tasks need a training set that never draws them: set "
                 f"config.env.bfcl.split='train' (got {split!r})"
             )
-        return _bfcl_set(category, "heldout", anchor, tools, options)
+        return bfcl_tasks(category, "heldout", **options)
 
-    settings = dict(category=category, split=split, task=anchor, tasks=list(pool), **options)
-    return TaskSet("bfcl", settings, tools, pick, heldout)
+    settings = dict(category=category, split=split, task=task, tasks=list(pool), **options)
+    return TaskSet("bfcl", settings, tools, pick, heldout, metrics=_bfcl_metrics)
+
+
+def _bfcl_metrics(envs: list[bfcl.BFCLText]) -> dict[str, float]:
+    """`bfcl_accuracy`: the share of the episodes whose task BFCL's checker passes."""
+    return {"bfcl_accuracy": float(np.mean([bfcl.package_check(env)["valid"] for env in envs]))}
 
 
 def check_model(
     model_dir: str, tools: tuple[dict, ...] | None, *, dtype: str = "float32",
     end_token: str | None = None, pad_token: str | None = None, remat: bool = False,
+    enable_thinking: bool | None = None,
 ) -> AgentModel:  # fmt: skip
     """Checks a local HF checkpoint folder (config.json, safetensors, tokenizer with a chat
     template) without reading a tensor; one-line `ValueError`s name the fault."""
@@ -229,8 +234,9 @@ def check_model(
     if not os.path.isdir(model_dir):
         raise CheckpointError(f"--model_dir={model_dir!r} is not a folder")
     chat = make_chat(
-        load_tokenizer(model_dir), tools=tools, end_token=end_token, pad_token=pad_token
-    )
+        load_tokenizer(model_dir), tools=tools, end_token=end_token, pad_token=pad_token,
+        enable_thinking=enable_thinking,
+    )  # fmt: skip
     found = checkpoint.read_checkpoint(
         model_dir, pad_id=chat.pad_id, param_dtype=dtype, dtype=dtype, remat=bool(remat)
     )
@@ -261,7 +267,9 @@ def run_text(
     hold the DPO loss, the pairs and the judge's scores instead of the PPO loss stats.
 
     Rows: `condition` (the algorithm), `seed`, `update`, success, return (mean episode
-    return), malformed_rate and the environment's metrics, tokens_generated,
+    return), malformed_rate and the environment's metrics, `truncated` (the share of the
+    batch's episodes that ended past the sampling sizes, `rlagent.text.loop`), the task
+    set's metrics (`TaskSet.metrics`: BFCL's `bfcl_accuracy`), tokens_generated,
     sample_s / update_s / time_s, kl_ref (the sampled estimate of `config.kl_kind` between
     the behaviour policy and the reference, per generated token), the update's loss stats.
     """
@@ -269,8 +277,11 @@ def run_text(
     first = make_env()
     check_forms(first, config, [config.reward], "config.train.reward")
     # A first prompt the sizes cannot hold is refused here, before the workdir is written
-    # (`TextLoop.start` renders and checks it; no model is needed for that).
-    TextLoop(model.chat, text_config, sample=None).start(first, env_seed)
+    # (`TextLoop.start` renders it; no model is needed for that). Later episodes past the
+    # sizes end truncated (the `truncated` column).
+    opening = TextLoop(model.chat, text_config, sample=None).start(first, env_seed)
+    if opening.truncated:
+        raise ValueError(f"the first task's prompt does not fit: {opening.truncated}")
     eval_tasks = eval_task_list(tasks, evaluation)  # refuses before anything is written.
     check_mesh(mesh, config, preference)
     checked = critic_of(config, critic, model, preference)
@@ -281,7 +292,9 @@ def run_text(
         train=config, sampling=text_config, env={"kind": tasks.name, **tasks.config},
         evaluation=evaluation, preference=_preference_record(preference, config),
         model=dict(model_dir=model.model_dir, config_sha256=model.config_sha256,
-                   policy=dataclasses.asdict(model.checkpoint.config)),
+                   policy=dataclasses.asdict(model.checkpoint.config),
+                   chat_template=model.chat.template_name,
+                   enable_thinking=model.chat.enable_thinking),
         seed=int(seed), algorithm=algorithm,
         mesh=None if mesh is None else dict(mesh.shape),
         critic=None if checked is None else critic_record(checked),
@@ -479,6 +492,9 @@ def _one_update(run: TextRun, state: TextTrainState, update: int):
     config, began = run.config, time.perf_counter()
     episodes, trajectory = play_batch(run, state.params, update)
     played = {k: float(v) for k, v in episode_metrics(episodes[0].env, trajectory).items()}
+    played["truncated"] = float(np.mean([bool(e.truncated) for e in episodes]))
+    if run.tasks.metrics is not None:
+        played |= run.tasks.metrics([e.env for e in episodes])
     sampled = time.perf_counter()
     if run.preference is None:
         ref_logp = run.program.reference(run.reference, trajectory)
