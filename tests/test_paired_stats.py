@@ -126,6 +126,61 @@ def test_compare_and_verdict_lines():
     neutral = paired.compare(a, b, higher_is_better=None)
     assert paired.verdict("turns", neutral).startswith("B differs from A on turns: +0.600")
     same = paired.compare(a, np.r_[1.0, np.zeros(19)])
-    assert paired.verdict("success", same).startswith("No significant difference")
+    line = paired.verdict("success", same)  # a non-rejection: no verdict, the power instead
+    assert line.startswith("Cannot tell B from A on success: at 20 tasks (detectable +-")
+    declared = paired.compare(a, np.r_[1.0, np.zeros(19)], margin=0.2)
+    assert paired.verdict("success", declared).startswith("B equivalent within +-0.2 of A")
     with pytest.raises(ValueError, match="one length"):
         paired.compare([1.0, 2.0], [1.0])
+
+
+def test_equivalence_test_is_two_one_sided_t_tests_by_hand():
+    """TOST p = max of the two one-sided paired t-tests' p-values (Schuirmann 1987), from
+    the t statistic written out; it rejects only when the interval sits inside the margin."""
+    from scipy import stats as scipy_stats
+
+    a = np.array([0.50, 0.60, 0.55, 0.70, 0.65, 0.40, 0.52, 0.58])
+    b = a + np.array([0.02, -0.01, 0.03, 0.00, -0.02, 0.01, 0.02, -0.01])
+    d = b - a
+    se = d.std(ddof=1) / np.sqrt(d.size)
+    for margin in (0.05, 0.01):
+        p_low = scipy_stats.t.sf((d.mean() + margin) / se, d.size - 1)
+        p_high = scipy_stats.t.cdf((d.mean() - margin) / se, d.size - 1)
+        got = paired.equivalence_test(a, b, margin)
+        assert got == pytest.approx(max(p_low, p_high), rel=1e-9)
+    assert paired.equivalence_test(a, b, 0.05) < 0.001  # mean 0.005, sd 0.017: inside
+    assert paired.equivalence_test(a, b, 0.01) > 0.05  # the interval crosses 0.01
+    assert paired.equivalence_test(a, a + 0.02, 0.05) == 0.0  # no spread, inside
+    assert paired.equivalence_test(a, a + 0.2, 0.05) == 1.0
+    with pytest.raises(ValueError, match="margin must be > 0"):
+        paired.equivalence_test(a, b, 0.0)
+
+
+def test_detectable_difference_and_reading_words():
+    d = np.array([0.3, -0.1, 0.2, 0.0, 0.1, -0.2, 0.4, 0.1, 0.0, 0.2])
+    by_hand = (2.2621571627 + 0.8834038) * d.std(ddof=1) / np.sqrt(10)  # t(0.975, 9), t(0.8, 9)
+    got = paired.detectable_difference(np.zeros(10), d)
+    assert got == pytest.approx(by_hand, rel=1e-6)
+    assert np.isnan(paired.detectable_difference([0.0], [1.0]))
+    assert paired.reading(+0.2, 0.01, 10, got) == "B above A"
+    assert paired.reading(-0.2, 0.01, 10, got) == "B below A"
+    assert paired.reading(0.02, 0.4, 10, got, margin=0.1, equivalence_p=0.01) == (
+        "equivalent within +-0.1"
+    )
+    cannot = paired.reading(0.02, 0.4, 10, got, margin=0.1, equivalence_p=0.2, unit="seeds")
+    assert cannot == f"cannot tell at 10 seeds (detectable +-{got:.3g})"
+
+
+def test_a_family_writes_its_readings():
+    """Holm over the TOST p-values too; the table's last column is the reading."""
+    seeds = range(12)
+    base = {s: 0.5 + 0.01 * (s % 3) for s in seeds}
+    far = {s: v + 0.3 + 0.01 * (s % 2) for s, v in base.items()}
+    near = {s: v + 0.005 * (-1) ** s for s, v in base.items()}
+    family = paired.paired_family(
+        [("a", "far", base, far), ("a", "near", base, near)], reps=500, draws=2000, margin=0.05
+    )
+    assert [e["reading"] for e in family] == ["B above A", "equivalent within +-0.05"]
+    assert family[1]["equivalence_p_holm"] >= family[1]["equivalence_p"]
+    table = paired.families_markdown({"success": family}, {"success": "success"})
+    assert "| reading |" in table and "equivalent within +-0.05 |" in table

@@ -20,6 +20,14 @@ as noise.
   k samples succeed, the reliability metric pass^k of tau-bench (Yao et al. 2024).
 - `compare`: one metric of both arms: means, the paired difference with its CI, the
   sign-flip p-value; `verdict` turns it into one line.
+- `equivalence_test`: two one-sided paired t-tests (TOST; Schuirmann 1987) of
+  |mean(b - a)| < margin, for a margin fixed before the data; `detectable_difference`:
+  the smallest |mean difference| a two-sided paired test at level alpha would detect with
+  80% power, given the pairs' spread (the power statement of a non-rejection).
+- `reading`: the words a report may use for one comparison, and only these: "above" /
+  "below" when the test rejects, "equivalent within +-m" when TOST with a declared
+  margin rejects, else "cannot tell at N pairs (detectable +-d)". Report code writes
+  them, so no page writes "the same", "matches" or "holds" by hand.
 - `paired_family`: a pre-declared family of such comparisons over seeds (runs of two
   conditions that share a seed share its start), Holm-corrected within the family;
   `summary_families` builds one per metric from a study summary's per-seed values
@@ -37,6 +45,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from scipy import stats as scipy_stats
 
 from rlagent.analysis.stats import holm
 
@@ -144,14 +153,19 @@ def compare(
     higher_is_better: bool | None = True,
     reps: int = 10_000,
     seed: int = 0,
+    margin: float | None = None,
 ) -> dict[str, Any]:
     """One metric of both arms on the same tasks.
 
     Returns {"a", "b": mean per arm, "a_interval", "b_interval": their `mean_interval`,
     "diff": `paired_bootstrap` of b - a, "p_value": `sign_flip_test`, "higher_is_better",
-    "tasks"}.
+    "tasks", "detectable": `detectable_difference`, "margin", "equivalence_p":
+    `equivalence_test` (None without a margin)}.
     """
     return {
+        "detectable": detectable_difference(a, b),
+        "margin": margin,
+        "equivalence_p": None if margin is None else equivalence_test(a, b, margin),
         "a": float(np.mean(a)),
         "b": float(np.mean(b)),
         "a_interval": mean_interval(a, reps=reps, seed=seed),
@@ -168,10 +182,13 @@ def paired_family(
     *,
     reps: int = 10_000,
     draws: int = 100_000,
+    margin: float | None = None,
 ) -> list[dict[str, Any]]:
     """Each `(a, b, {seed: value of a}, {seed: value of b})`: the mean paired difference
     `b - a` over the seeds both hold (`paired_bootstrap`), its `sign_flip_test` p-value and
-    `p_holm`, Holm's adjustment over the family (`significant`: p_holm < 0.05)."""
+    `p_holm`, Holm's adjustment over the family (`significant`: p_holm < 0.05), the
+    `detectable` difference, `equivalence_p` (TOST against the declared `margin`, Holm
+    over the family too; None without one) and the `reading` those allow."""
     out = []
     for a, b, a_seeds, b_seeds in comparisons:
         seeds = sorted(set(a_seeds) & set(b_seeds))
@@ -180,11 +197,78 @@ def paired_family(
             "a": a, "b": b, "num_pairs": len(seeds),
             "difference": paired_bootstrap(x, y, reps=reps),
             "p_value": sign_flip_test(x, y, draws=draws),
+            "detectable": detectable_difference(x, y),
+            "margin": margin,
+            "equivalence_p": None if margin is None else equivalence_test(x, y, margin),
         })  # fmt: skip
     for entry, p in zip(out, holm([e["p_value"] for e in out]) if out else [], strict=True):
         entry["p_holm"] = float(p)
         entry["significant"] = bool(p < 0.05)
+    if margin is not None and out:
+        for entry, p in zip(out, holm([e["equivalence_p"] for e in out]), strict=True):
+            entry["equivalence_p_holm"] = float(p)
+    for entry in out:
+        entry["reading"] = reading(
+            entry["difference"]["value"], entry["p_holm"], entry["num_pairs"],
+            entry["detectable"], margin=margin,
+            equivalence_p=entry.get("equivalence_p_holm"), unit="seeds",
+        )  # fmt: skip
     return out
+
+
+def equivalence_test(a: Sequence[float], b: Sequence[float], margin: float) -> float:
+    """TOST p-value of |mean(b - a)| < `margin` (two one-sided paired t-tests, the larger
+    p; Schuirmann 1987): small when the difference is shown to lie inside the margin.
+
+    The margin must be fixed before the data are seen (a study's config); with zero spread
+    the p-value is 0 inside the margin and 1 outside it."""
+    if not margin > 0:
+        raise ValueError(f"margin must be > 0, got {margin}.")
+    d = _differences(a, b)
+    if d.size < 2:
+        return 1.0
+    if np.ptp(d) <= 1e-12 * max(1.0, float(np.abs(d).max())):  # no spread (to rounding)
+        return 0.0 if abs(d.mean()) < margin else 1.0
+    lower = scipy_stats.ttest_1samp(d, -margin, alternative="greater").pvalue
+    upper = scipy_stats.ttest_1samp(d, margin, alternative="less").pvalue
+    return float(max(lower, upper))
+
+
+def detectable_difference(
+    a: Sequence[float], b: Sequence[float], *, alpha: float = 0.05, power: float = 0.8
+) -> float:
+    """The smallest |mean(b - a)| a two-sided paired t-test at level `alpha` detects with
+    probability `power`, at the pairs' observed spread: `(t_{1-alpha/2} + t_{power}) * sd /
+    sqrt(n)` with n - 1 degrees of freedom (NaN with fewer than 2 pairs). What a
+    non-rejection at these pairs can rule out, roughly: effects well above it."""
+    d = _differences(a, b)
+    n = d.size
+    if n < 2:
+        return float("nan")
+    quantiles = scipy_stats.t.ppf(1 - alpha / 2, n - 1) + scipy_stats.t.ppf(power, n - 1)
+    return float(quantiles * np.std(d, ddof=1) / math.sqrt(n))
+
+
+def reading(
+    difference: float,
+    p: float,
+    pairs: int,
+    detectable: float,
+    *,
+    alpha: float = 0.05,
+    margin: float | None = None,
+    equivalence_p: float | None = None,
+    unit: str = "pairs",
+) -> str:
+    """The verdict words of one comparison of B against A (B - A = `difference`): "B
+    above A" / "B below A" when `p` < alpha; "equivalent within +-margin" when a margin
+    was declared and `equivalence_p` < alpha; otherwise "cannot tell at N <unit>
+    (detectable +-d)", the smallest difference the test could have found."""
+    if p < alpha and difference != 0:
+        return f"B {'above' if difference > 0 else 'below'} A"
+    if margin is not None and equivalence_p is not None and equivalence_p < alpha:
+        return f"equivalent within +-{margin:g}"
+    return f"cannot tell at {pairs} {unit} (detectable +-{detectable:.3g})"
 
 
 def summary_families(
@@ -220,15 +304,17 @@ def families_markdown(
     lines = [
         "\nPaired over seeds (a seed's runs share its initial policy): B minus A, mean [95% "
         "paired bootstrap CI], sign-flip p, Holm within each metric's family (* p_holm < "
-        "0.05):\n",
-        "| metric | B | A | B - A | pairs | p | p (Holm) |",
-        "|---|---|---|---|---|---|---|",
+        '0.05); reading: `paired.reading` (a non-rejection reads "cannot tell" with the '
+        "smallest difference a paired t-test detects with 80% power):\n",
+        "| metric | B | A | B - A | pairs | p | p (Holm) | reading |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for metric, e in rows:
         d, mark = e["difference"], " *" if e["significant"] else ""
         lines.append(
             f"| {names[metric]} | {e['b']} | {e['a']} | {d['value']:+.3f} [{d['low']:+.3f}, "
-            f"{d['high']:+.3f}] | {e['num_pairs']} | {e['p_value']:.3g} | {e['p_holm']:.3g}{mark} |"
+            f"{d['high']:+.3f}] | {e['num_pairs']} | {e['p_value']:.3g} | {e['p_holm']:.3g}{mark} "
+            f"| {e['reading']} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -240,13 +326,22 @@ def verdict(
 
     "better" / "worse" follow the metric's direction (`higher_is_better`; None: a metric
     with no better direction, e.g. turns, which a policy that gives up shortens: "differs
-    from") and need `comparison[p_key] < alpha`; otherwise the line says no significant
-    difference.
+    from") and need `comparison[p_key] < alpha`; otherwise, B equals A within the
+    comparison's declared margin when its TOST rejects, else the line says the test
+    cannot tell them apart at that many tasks and gives the smallest difference it could
+    have detected (`reading`).
     """
     diff, p = comparison["diff"], comparison[p_key]
     numbers = f"{diff['value']:+.3f} [{diff['low']:+.3f}, {diff['high']:+.3f}], p = {p:.3g}"
     if p >= alpha or diff["value"] == 0:
-        return f"No significant difference between B and A on {metric}: {numbers}"
+        words = reading(
+            0.0, 1.0, comparison["tasks"], comparison.get("detectable", float("nan")),
+            alpha=alpha, margin=comparison.get("margin"),
+            equivalence_p=comparison.get("equivalence_p"), unit="tasks",
+        )  # fmt: skip
+        if words.startswith("equivalent"):
+            return f"B {words} of A on {metric}: {numbers}"
+        return f"Cannot tell B from A on {metric}: {words[len('cannot tell ') :]}; {numbers}"
     if comparison["higher_is_better"] is None:
         return f"B differs from A on {metric}: {numbers}"
     improved = (diff["value"] > 0) == comparison["higher_is_better"]
