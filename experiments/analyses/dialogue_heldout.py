@@ -1,9 +1,9 @@
 """Held-out user goals vs training goals in the dialogue's 20-seed reward-form run
 (docs/dialogue_rl.md, "20 seeds on held-out goals").
 
-    python docs/results/dialogue_heldout/analysis.py docs/results/dialogue_heldout
+    python -m experiments.analyses.dialogue_heldout docs/results/dialogue_heldout
 
-Reads the folder's metrics.csv(.gz) and writes analysis.md beside this file: per
+Reads the folder's metrics.csv(.gz) and writes analysis.md into it: per
 condition and seed, the success of the evaluation after the last update on 64 dialogues
 with held-out goals (sampled, greedy) minus the goal success of the training batch of the
 same update (the same policy, training goals, sampled), paired over seeds (mean,
@@ -44,7 +44,7 @@ def main(folder):
             f"| {condition} | {mode} | {n} | {r['a']:.3f} | {r['b']:.3f} | {d['value']:+.3f} "
             f"[{d['low']:+.3f}, {d['high']:+.3f}] | {r['p_value']:.3g} | {p_holm:.3g} |"
         )
-    write_analysis(__file__, lines)
+    write_analysis(folder, lines)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Held-out tasks vs held-out keys in the main experiment at 30 seeds (docs/sparse_vs_dense.md).
 
-    python docs/results/sparse_vs_dense_heldout/analysis.py \
+    python -m experiments.analyses.sparse_vs_dense_heldout \
         docs/results/sparse_vs_dense_heldout docs/results/sparse_vs_dense_full_amd
 
-Reads each folder's metrics.csv (gzipped or not) and writes analysis.md beside this file:
+Reads each folder's metrics.csv (gzipped or not) and writes analysis.md into the first:
 (1) within the held-out-tasks run, per condition and seed, the success of the last
 evaluation on held-out tasks (sampled, greedy) minus the training batch's success at the
 same update (the same policy), paired over seeds (mean, bootstrap 95% CI, sign-flip p,
@@ -67,7 +67,7 @@ def main(heldout, keys):
     for (c, m, a, b, auc, p), ph in zip(rows, p_holm, strict=True):
         lines.append(f"| {c} | {m} | {a:.3f} | {b:.3f} | {auc:.2f} | {p:.3g} | {ph:.3g} |")
     lines += ["", "Means over 30 seeds each; success of the last evaluation (64 fixed episodes)."]
-    write_analysis(__file__, lines)
+    write_analysis(heldout, lines)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Random and oracle play on the training and held-out codes of mastermind_heldout's game.
 
-    cd docs/results/mastermind_heldout && python baseline.py > baseline.json
+    python -m experiments.analyses.mastermind_baseline \
+        > docs/results/mastermind_heldout/baseline.json
 
 The games of experiments/configs/mastermind_heldout.py (a code of 3 numbers of 1..4
 without repeats, 6 guesses; `:v0`, 4 numbers of 1..6 and 8 guesses, keys prefixed `v0_`):

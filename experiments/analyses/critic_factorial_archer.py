@@ -2,13 +2,13 @@
 (docs/horizon_sweep.md, docs/papers.md; the family declared in
 experiments/configs/critic_factorial_archer.py).
 
-    PYTHONPATH=. python docs/results/critic_factorial_archer/analysis.py \
+    python -m experiments.analyses.critic_factorial_archer \
         docs/results/critic_factorial_archer/turn docs/results/critic_factorial_archer/token
 
 Reads the two critic-factorial runs (one per estimator, the same machine, commit and
-seeds) and writes analysis.md beside this file. The runs of a seed share its warm start
-and its first training batch (the estimator acts only from the first update on); the
-script checks that every seed's first-batch success is identical in both runs before it
+seeds) and writes analysis.md into the folder that holds both. The runs of a seed share
+its warm start and its first training batch (the estimator acts only from the first update
+on); the script checks that every seed's first-batch success is identical in both runs before it
 pairs them. Per critic, token minus turn GAE over the paired seeds: held-out sampled
 success and the AUC of training success at equal environment turns (the smallest turn
 total any run of both reached), each a mean with a paired bootstrap 95% CI and an exact
@@ -115,7 +115,7 @@ def main(turn_dir, token_dir):
             lines.append(f"| {critic} | {name} | " + " | ".join(cells) + " |")
     lines += ["", "Paired bootstrap 95% CIs of the mean difference, exact sign-flip p over "
               "the seeds, Holm over the 6 comparisons (* p_holm < 0.05)."]  # fmt: skip
-    report.write_analysis(__file__, lines)
+    report.write_analysis(os.path.commonpath([turn_dir, token_dir]), lines)
 
 
 if __name__ == "__main__":

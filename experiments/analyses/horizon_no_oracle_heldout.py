@@ -1,9 +1,9 @@
 """Why no reward without an oracle leaves 0 from the weak start (docs/horizon_sweep.md,
 "The long-horizon question at 20 seeds on held-out tasks").
 
-    python docs/results/horizon_no_oracle_heldout/analysis.py docs/results/horizon_no_oracle_heldout
+    python -m experiments.analyses.horizon_no_oracle_heldout docs/results/horizon_no_oracle_heldout
 
-Reads each horizon's metrics.csv and writes analysis.md beside this file: per horizon and
+Reads each horizon's metrics.csv(.gz) and writes analysis.md into the folder: per horizon and
 condition, over the 20 seeds, the seeds with any success in a training batch and the
 largest batch success; the policy's entropy and the share of episodes without a tool
 call (ToolWorld's collapse rate) at the first and the last update; turns per episode at
@@ -66,7 +66,7 @@ def main(folder):
             )
     lines += ["", "Means over the seeds (nan: not measured in that run). AUROC against the "
               "oracle verdict is a measurement only; no run trains on it."]  # fmt: skip
-    write_analysis(__file__, lines)
+    write_analysis(folder, lines)
 
 
 if __name__ == "__main__":
