@@ -7,7 +7,8 @@ lists alternatives and `{1-4}` a range of numbers. A mention after `<commit>:` (
 0465868:docs/results/...`, a file in git history) is not one. A file under docs/results
 is cited when
 
-1. a mention names it (a glob counts);
+1. a mention names it; a glob names the data files it matches, never a figure (`*.png`):
+   a figure is cited by its own path written out;
 2. a mentioned folder holds it, at any depth, and it is a data file: anything but a figure
    (`*.png`), a log (`*.log`, `log.txt`) or code (`*.py`). Figures are cited by their
    own path; logs and analysis code do not live under docs/results (the analyses are
@@ -88,6 +89,8 @@ def _cited(files: list[str]) -> tuple[set[str], list[str]]:
     cited, broken = set(), []
     for page, written, pattern in _mentions():
         named, held = _matches(pattern, files), _matches(pattern, folders)
+        if "*" in pattern:
+            named = [f for f in named if not f.endswith(".png")]
         if not named and not held:
             broken.append(f"{page}: results/{written}")
         cited.update(named)
