@@ -4,22 +4,22 @@ exists.
 Pages: README.md, docs/*.md and colab/*.ipynb. A mention is `docs/results/<path>` or, as
 the pages in docs/ link it, `results/<path>`; in it `*` matches within one name, `{a,b}`
 lists alternatives and `{1-4}` a range of numbers. A mention after `<commit>:` (`git show
-0465868:docs/results/...`, a file in git history) is not one. A file under docs/results
-is cited when
+0465868:docs/results/...`, a file in git history) is not one. Every mention must match a
+file or folder. A file under docs/results is cited when
 
-1. a mention names it; a glob names the data files it matches, never a figure (`*.png`):
-   a figure is cited by its own path written out;
-2. a mentioned folder holds it, at any depth, and it is a data file: anything but a figure
-   (`*.png`), a log (`*.log`, `log.txt`) or code (`*.py`). Figures are cited by their
-   own path; logs and analysis code do not live under docs/results (the analyses are
-   modules of experiments/analyses/, whose commands on the pages name the folders they
-   read and write their analysis.md into, so rule 2 covers what they read);
+1. a mention names it; a glob names the data files it matches, never a figure: a figure
+   (`*.png`) is cited by its own path written out;
+2. a mentioned folder holds it, at any depth, and it is a data file: anything but a
+   figure, a log (`*.log`, `log.txt`) or code (`*.py`). Logs and analysis code are not
+   kept under docs/results: the analyses are modules of experiments/analyses/, and their
+   commands on the pages name the folders they read (and write analysis.md into), so
+   rule 2 covers what they read;
 3. it is part of the record of a cited flat result `<name>_summary.md` (or `.json`):
    `<name>_summary.md`, `<name>_summary.json`, `<name>_provenance.json`,
    `<name>_metrics.csv.gz`.
 
-Per-update metrics are kept compact, as `metrics.csv.gz` (`experiments.analyses.
-compact_metrics`; `MetricWriter.read` reads them), never as a plain metrics.csv.
+Per-update metrics are kept as `metrics.csv.gz`, never as a plain metrics.csv (`python -m
+experiments.analyses.compact_metrics <folder>`; `MetricWriter.read` reads either).
 """
 
 import json
