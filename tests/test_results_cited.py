@@ -125,3 +125,30 @@ def test_metrics_are_kept_compressed():
         "per-update metrics under docs/results are kept as metrics.csv.gz (python -m "
         "experiments.analyses.compact_metrics <folder>):\n" + "\n".join(plain)
     )
+
+
+def test_compact_metrics_keeps_every_row_and_the_read_columns(tmp_path):
+    """Diagnostics no report reads are left out; a float32 value is written in float32's
+    shortest form and read back as that float32; other text (ints, NaN, names, float64
+    values) is kept as written; compacting twice changes nothing."""
+    from experiments.analyses import compact_metrics
+    from rlagent.host.writers import MetricWriter
+
+    text = (
+        "condition,update,seed,success,grad_norm,entropy,eval_sampled_success,rate\r\n"
+        "outcome,1,0,0.5,9.27795696258545,0.6593049168586731,,0.1\r\n"
+        "outcome,2,0,111.0,1.0,-0.0,nan,0.30000000000000004\r\n"
+    )
+    (tmp_path / "metrics.csv").write_text(text, newline="")
+    out = compact_metrics.compact_file(str(tmp_path / "metrics.csv"))
+    assert out == str(tmp_path / "metrics.csv.gz") and not (tmp_path / "metrics.csv").exists()
+    rows = MetricWriter(str(tmp_path), tensorboard=False).read()
+    assert [list(r) for r in rows] == [
+        ["condition", "update", "seed", "success", "entropy", "eval_sampled_success", "rate"]
+    ] * 2
+    assert rows[0]["entropy"] == 0.6593049 and rows[1]["success"] == 111.0
+    assert isinstance(rows[1]["update"], int) and rows[1]["rate"] == 0.30000000000000004
+    assert rows[0]["eval_sampled_success"] != rows[0]["eval_sampled_success"]  # NaN
+    before = (tmp_path / "metrics.csv.gz").read_bytes()
+    compact_metrics.compact_file(out)
+    assert (tmp_path / "metrics.csv.gz").read_bytes() == before
