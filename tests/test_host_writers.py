@@ -1,6 +1,7 @@
 """The metric writer's TensorBoard side: scalars written, torch not imported for them."""
 
 import glob
+import gzip
 import subprocess
 import sys
 import textwrap
@@ -49,3 +50,17 @@ def test_appended_rows_go_under_the_files_header_by_name(tmp_path):
     with pytest.raises(ValueError, match=r"metrics.csv: columns \['c'\] are not in its header"):
         writer.write([{"update": 4, "seed": 0, "a": 1.0, "b": 2.0, "c": 3.0}])
     assert len(writer.read()) == 3
+
+
+def test_read_falls_back_to_the_gzipped_file(tmp_path):
+    """Without metrics.csv, `read` reads metrics.csv.gz (how docs/results keeps its
+    curves), numbers parsed as from the plain file; the plain file wins when both exist."""
+    writer = MetricWriter(str(tmp_path), tensorboard=False)
+    writer.write([{"condition": "a", "update": 1, "seed": 0, "success": 0.5}])
+    plain = writer.read()
+    with open(writer.path, "rb") as f, gzip.open(writer.path + ".gz", "wb") as g:
+        g.write(f.read())
+    writer.write([{"condition": "a", "update": 2, "seed": 0, "success": 0.75}])
+    assert len(writer.read()) == 2
+    writer.clear()
+    assert writer.read() == plain == [{"condition": "a", "update": 1, "seed": 0, "success": 0.5}]

@@ -142,18 +142,17 @@ def test_last_evaluation_reads_the_last_evaluated_update_plain_or_gzipped(tmp_pa
     for folder in ("plain", "zipped"):
         update, rows = report.last_evaluation(str(tmp_path / folder))
         assert update == 2 and sorted(rows) == ["a", "b"]
-        assert sorted(rows["b"]) == [0, 1] and rows["b"][1]["eval_sampled_success"] == "0.8"
-        assert list(rows["a"]) == [1] and rows["a"][1]["success"] == "0.9"
+        assert sorted(rows["b"]) == [0, 1] and rows["b"][1]["eval_sampled_success"] == 0.8
+        assert list(rows["a"]) == [1] and rows["a"][1]["success"] == 0.9
     (tmp_path / "none").mkdir()
     (tmp_path / "none" / "metrics.csv").write_text(header + "a,1,0,0.1,\n")
     with pytest.raises(ValueError, match="no row has an evaluation"):
         report.last_evaluation(str(tmp_path / "none"))
 
 
-def test_write_analysis_writes_analysis_md_beside_the_script_and_prints_it(tmp_path, capsys):
-    script = tmp_path / "results" / "analysis.py"
-    script.parent.mkdir()
-    out = report.write_analysis(str(script), ["# title", "", "| a |"])
+def test_write_analysis_writes_analysis_md_in_the_folder_and_prints_it(tmp_path, capsys):
+    (tmp_path / "results").mkdir()
+    out = report.write_analysis(str(tmp_path / "results"), ["# title", "", "| a |"])
     assert out == str(tmp_path / "results" / "analysis.md")
     assert (tmp_path / "results" / "analysis.md").read_text() == "# title\n\n| a |\n"
     assert capsys.readouterr().out == "# title\n\n| a |\n"

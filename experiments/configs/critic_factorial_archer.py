@@ -7,7 +7,7 @@ the analysis pairs them by seed):
       --config=experiments/configs/critic_factorial_archer.py:turn
   python -m experiments.critic_factorial --workdir=runs/critic_factorial_archer_token \
       --config=experiments/configs/critic_factorial_archer.py:token
-  PYTHONPATH=. python docs/results/critic_factorial_archer/analysis.py \
+  python -m experiments.analyses.critic_factorial_archer \
       runs/critic_factorial_archer_turn runs/critic_factorial_archer_token
 
 The 20-seed horizon study (configs/horizon_estimators_heldout.py) found token-level GAE

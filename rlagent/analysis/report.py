@@ -12,8 +12,6 @@ be computed from `summary.json` alone.
 
 from __future__ import annotations
 
-import csv
-import gzip
 import json
 import math
 import os
@@ -27,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from rlagent.analysis import stats
+from rlagent.host.writers import MetricWriter
 from rlagent.train.ppo import NONFINITE_METRICS
 
 # Per-seed means over the final updates of these row metrics, when the rows carry them.
@@ -174,32 +173,31 @@ def _intervals(condition, per_seed, num_seeds, final_keys, reps) -> dict[str, An
 # Rows of runs: curves per seed, final values, cells of a table ---------------------------
 
 
-def last_evaluation(folder: str) -> tuple[int, dict[str, dict[int, dict[str, str]]]]:
+def last_evaluation(folder: str) -> tuple[int, dict[str, dict[int, dict[str, Any]]]]:
     """`(update, {condition: {seed: row}})`: the rows of the last update with a held-out
-    evaluation (`eval_sampled_success` set) in `folder`'s metrics.csv or metrics.csv.gz
-    (as written, strings; the committed results gzip theirs)."""
-    path = os.path.join(folder, "metrics.csv")
-    if not os.path.exists(path):
-        path += ".gz"
-    with (gzip.open if path.endswith(".gz") else open)(path, "rt", newline="") as f:
-        rows = [
-            r for r in csv.DictReader(f) if r.get("eval_sampled_success") not in ("", "nan", None)
-        ]
+    evaluation (`eval_sampled_success` measured) in `folder`'s metrics.csv or, without
+    it, metrics.csv.gz (the committed results'), read by `MetricWriter.read`."""
+    rows = [
+        r
+        for r in MetricWriter(folder, tensorboard=False).read()
+        if isinstance(r.get("eval_sampled_success"), float | int)
+        and math.isfinite(r["eval_sampled_success"])
+    ]
     if not rows:
-        raise ValueError(f"{path}: no row has an evaluation (eval_sampled_success).")
+        raise ValueError(f"{folder}: no row has an evaluation (eval_sampled_success).")
     last = max(int(r["update"]) for r in rows)
-    out: dict[str, dict[int, dict[str, str]]] = defaultdict(dict)
+    out: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
     for r in rows:
         if int(r["update"]) == last:
-            out[r["condition"]][int(r["seed"])] = r
+            out[str(r["condition"])][int(r["seed"])] = r
     return last, dict(out)
 
 
-def write_analysis(script: str, lines: Sequence[str]) -> str:
-    """Writes `lines` as `analysis.md` beside `script` (an analysis script's `__file__`,
-    kept with the results it reads) and prints them; returns the path."""
+def write_analysis(folder: str, lines: Sequence[str]) -> str:
+    """Writes `lines` as `analysis.md` in `folder` (the results an analysis module of
+    experiments/analyses/ reads) and prints them; returns the path."""
     text = "\n".join(lines) + "\n"
-    out = os.path.join(os.path.dirname(os.path.abspath(script)), "analysis.md")
+    out = os.path.join(folder, "analysis.md")
     with open(out, "w") as f:
         f.write(text)
     print(text, end="")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import math
 import os
 import sys
@@ -27,10 +28,12 @@ class MetricWriter:
             self._tb = _summary_writer(os.path.join(workdir, "tensorboard"))
 
     def read(self) -> list[dict[str, float]]:
-        """The rows on disk; a last line cut short by a killed write is ignored."""
-        if not os.path.exists(self.path):
+        """The rows on disk; a last line cut short by a killed write is ignored. Without the
+        file, its gzipped form `<filename>.gz` (a committed result's) is read if present."""
+        path = self.path if os.path.exists(self.path) else self.path + ".gz"
+        if not os.path.exists(path):
             return []
-        with open(self.path, newline="") as f:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rt", newline="") as f:
             text = f.read()
         lines = text.splitlines(keepends=True)
         if lines and not lines[-1].endswith("\n"):

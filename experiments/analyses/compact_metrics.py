@@ -1,0 +1,81 @@
+"""A run's per-update metrics in the compact form docs/results keeps them in.
+
+    python -m experiments.analyses.compact_metrics docs/results/<study>
+
+Replaces every `metrics.csv` (and `<name>_metrics.csv`) under the folder by
+`metrics.csv.gz`, and rewrites an existing `*metrics.csv.gz` the same way: every row,
+every column a report or analysis reads; the trainer's diagnostics that none reads
+(`DIAGNOSTICS`) left out; a number that is exactly a float32 (what the device computed)
+written in float32's shortest form, others as they were. `MetricWriter.read` reads the
+result (`metrics.csv.gz` beside a missing `metrics.csv`). Deterministic: the same input
+gives the same bytes.
+"""
+
+import csv
+import gzip
+import io
+import math
+import os
+import sys
+
+import numpy as np
+
+# Written every update by the trainer and the host loop, read by no report, summary or
+# analysis (rlagent/analysis, experiments/studies, experiments/analyses).
+DIAGNOSTICS = (
+    "approx_kl", "clip_fraction", "grad_norm", "policy_loss", "value_loss", "kl_coef",
+    "tokens", "train_return", "return_std", "turns_per_sec",
+)  # fmt: skip
+
+
+def float32_text(text: str) -> str:
+    """`text` unchanged unless it is a finite float (a '.' or an 'e' in it) that float32
+    holds exactly; then float32's shortest text, still a float ('.' or 'e')."""
+    if "." not in text and "e" not in text:
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    if not math.isfinite(value) or float(np.float32(value)) != value:
+        return text
+    if value == 0 or 1e-4 <= abs(value) < 1e16:
+        return np.format_float_positional(np.float32(value), unique=True, trim="0")
+    return np.format_float_scientific(np.float32(value), unique=True, trim="0")
+
+
+def compact(text: str) -> str:
+    """A metrics CSV's text in the compact form (header and rows, CRLF as written)."""
+    rows = list(csv.reader(io.StringIO(text, newline="")))
+    keep = [i for i, name in enumerate(rows[0]) if name not in DIAGNOSTICS]
+    out = io.StringIO(newline="")
+    writer = csv.writer(out)
+    writer.writerow([rows[0][i] for i in keep])
+    for row in rows[1:]:
+        writer.writerow([float32_text(row[i]) if i < len(row) else "" for i in keep])
+    return out.getvalue()
+
+
+def compact_file(path: str) -> str:
+    """Writes `path`'s compact form to `<path without .gz>.gz`, removes a plain `path`;
+    returns the written path."""
+    with (gzip.open if path.endswith(".gz") else open)(path, "rt", newline="") as f:
+        text = compact(f.read())
+    out = path if path.endswith(".gz") else path + ".gz"
+    with open(out + ".tmp", "wb") as raw, gzip.GzipFile("", "wb", 9, raw, mtime=0) as f:
+        f.write(text.encode())
+    os.replace(out + ".tmp", out)
+    if out != path:
+        os.remove(path)
+    return out
+
+
+def main(folder: str) -> None:
+    for root, _, files in sorted(os.walk(folder)):
+        for name in sorted(files):
+            if name.endswith(("metrics.csv", "metrics.csv.gz")):
+                print(compact_file(os.path.join(root, name)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
