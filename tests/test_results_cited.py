@@ -19,7 +19,7 @@ file or folder. A file under docs/results is cited when
    `<name>_metrics.csv.gz`.
 
 Per-update metrics are kept as `metrics.csv.gz`, never as a plain metrics.csv (`python -m
-experiments.analyses.compact_metrics <folder>`; `MetricWriter.read` reads either).
+experiments.analyses.compact_results <folder>`; `MetricWriter.read` reads either).
 """
 
 import json
@@ -123,15 +123,15 @@ def test_metrics_are_kept_compressed():
     plain = [str(p.relative_to(RESULTS)) for p in RESULTS.rglob("*metrics.csv")]
     assert not plain, (
         "per-update metrics under docs/results are kept as metrics.csv.gz (python -m "
-        "experiments.analyses.compact_metrics <folder>):\n" + "\n".join(plain)
+        "experiments.analyses.compact_results <folder>):\n" + "\n".join(plain)
     )
 
 
-def test_compact_metrics_keeps_every_row_and_the_read_columns(tmp_path):
+def test_compact_results_keeps_every_row_and_the_read_columns(tmp_path):
     """Diagnostics no report reads are left out; a float32 value is written in float32's
     shortest form and read back as that float32; other text (ints, NaN, names, float64
     values) is kept as written; compacting twice changes nothing."""
-    from experiments.analyses import compact_metrics
+    from experiments.analyses import compact_results
     from rlagent.host.writers import MetricWriter
 
     text = (
@@ -140,7 +140,7 @@ def test_compact_metrics_keeps_every_row_and_the_read_columns(tmp_path):
         "outcome,2,0,111.0,1.0,-0.0,nan,0.30000000000000004\r\n"
     )
     (tmp_path / "metrics.csv").write_text(text, newline="")
-    out = compact_metrics.compact_file(str(tmp_path / "metrics.csv"))
+    out = compact_results.compact_file(str(tmp_path / "metrics.csv"))
     assert out == str(tmp_path / "metrics.csv.gz") and not (tmp_path / "metrics.csv").exists()
     rows = MetricWriter(str(tmp_path), tensorboard=False).read()
     assert [list(r) for r in rows] == [
@@ -150,5 +150,5 @@ def test_compact_metrics_keeps_every_row_and_the_read_columns(tmp_path):
     assert isinstance(rows[1]["update"], int) and rows[1]["rate"] == 0.30000000000000004
     assert rows[0]["eval_sampled_success"] != rows[0]["eval_sampled_success"]  # NaN
     before = (tmp_path / "metrics.csv.gz").read_bytes()
-    compact_metrics.compact_file(out)
+    compact_results.compact_file(out)
     assert (tmp_path / "metrics.csv.gz").read_bytes() == before

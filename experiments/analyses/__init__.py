@@ -2,4 +2,4 @@
 experiments.analyses.<name> <results folder> ...`, read the folders' metrics
 (`MetricWriter.read`, plain or gzipped) and write `analysis.md` into the results folder
 (`rlagent.analysis.report.write_analysis`); `mastermind_baseline` prints its JSON.
-`compact_metrics` turns a run folder's metrics.csv into the metrics.csv.gz kept there."""
+`compact_results` turns a run folder's metrics.csv into the metrics.csv.gz kept there."""

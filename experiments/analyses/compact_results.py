@@ -1,19 +1,22 @@
-"""A run's per-update metrics in the compact form docs/results keeps them in.
+"""A run folder's results in the compact form docs/results keeps them in.
 
-    python -m experiments.analyses.compact_metrics docs/results/<study>
+    python -m experiments.analyses.compact_results docs/results/<study>
 
 Replaces every `metrics.csv` (and `<name>_metrics.csv`) under the folder by
 `metrics.csv.gz`, and rewrites an existing `*metrics.csv.gz` the same way: every row,
 every column a report or analysis reads; the trainer's diagnostics that none reads
 (`DIAGNOSTICS`) left out; a number that is exactly a float32 (what the device computed)
 written in float32's shortest form, others as they were. `MetricWriter.read` reads the
-result (`metrics.csv.gz` beside a missing `metrics.csv`). Deterministic: the same input
-gives the same bytes.
+result (`metrics.csv.gz` beside a missing `metrics.csv`). Every other JSON file but the
+run's provenance (which is never rewritten) is written without indentation, the same
+values (`compact_json_file`); a JSON-lines log (`*.jsonl`) is gzipped beside
+(`*.jsonl.gz`). Deterministic: the same input gives the same bytes.
 """
 
 import csv
 import gzip
 import io
+import json
 import math
 import os
 import sys
@@ -70,11 +73,42 @@ def compact_file(path: str) -> str:
     return out
 
 
+def compact_json_file(path: str) -> bool:
+    """Rewrites the JSON file `path` without indentation or spaces (the same values: floats
+    round-trip exactly); True when its bytes changed."""
+    with open(path) as f:
+        text = f.read()
+    out = json.dumps(json.loads(text), separators=(",", ":")) + "\n"
+    if out == text:
+        return False
+    with open(path + ".tmp", "w") as f:
+        f.write(out)
+    os.replace(path + ".tmp", path)
+    return True
+
+
+def gzip_file(path: str) -> str:
+    """`path` gzipped to `path.gz` (no timestamp: the same bytes every time), `path` removed."""
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path + ".gz.tmp", "wb") as raw, gzip.GzipFile("", "wb", 9, raw, mtime=0) as f:
+        f.write(data)
+    os.replace(path + ".gz.tmp", path + ".gz")
+    os.remove(path)
+    return path + ".gz"
+
+
 def main(folder: str) -> None:
     for root, _, files in sorted(os.walk(folder)):
         for name in sorted(files):
+            path = os.path.join(root, name)
             if name.endswith(("metrics.csv", "metrics.csv.gz")):
-                print(compact_file(os.path.join(root, name)))
+                print(compact_file(path))
+            elif name.endswith(".jsonl"):
+                print(gzip_file(path))
+            elif name.endswith(".json") and "provenance" not in name:
+                if compact_json_file(path):
+                    print(path)
 
 
 if __name__ == "__main__":
