@@ -118,7 +118,10 @@ def test_the_launcher_trains_grpo_on_toolworld_text(toolworld_model, tmp_path):
     assert "update 2/2" in done.stdout
     rows = _assert_run_folder(workdir, "grpo")
     # The random model writes no call: every turn is malformed, the group's episodes score
-    # alike, GRPO's advantages are 0 (up to rounding) and the parameters stay as loaded.
+    # alike, GRPO's advantages are 0 (up to rounding) and the parameters stay as loaded, up
+    # to AdamW's step of the learning rate (1e-6) an update: under the default bfloat16
+    # compute the update's forward pass rounds otherwise than the reference's, a KL
+    # gradient at rounding level that the float32 master weights keep.
     assert all(float(row["malformed_rate"]) == 1.0 for row in rows)
     # The defaults evaluate on held-out tasks after the last update (every 25 otherwise).
     assert np.isnan(float(rows[0]["eval_sampled_success"]))
@@ -127,7 +130,7 @@ def test_the_launcher_trains_grpo_on_toolworld_text(toolworld_model, tmp_path):
     for before, after in zip(
         _leaves(_params(workdir, 0)), _leaves(_params(workdir, 2)), strict=True
     ):
-        np.testing.assert_allclose(after, before, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(after, before, rtol=0, atol=2 * 1.01e-6)
     # A rerun into the same folder is refused, in one line, and changes nothing.
     stamp = (workdir / "metrics.csv").read_text()
     again = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
@@ -156,6 +159,30 @@ def test_ppo_changes_the_parameters_and_resumes_exactly(toolworld_model, tmp_pat
     assert strip(_rows(part)) == strip(_rows(full))
     with pytest.raises(RunError, match="different config: train.learning_rate"):
         _run(_config("ppo", learning_rate=1e-3), part, toolworld_model, resume=True)
+
+
+def test_checkpoints_every_two_updates_resume_exactly(toolworld_model, tmp_path):
+    """Checkpoints after updates 2 and 3 (every 2, and the last), written asynchronously;
+    a run stopped after update 3's row but before its checkpoint resumes from step 2,
+    replays update 3 and ends with the same rows and parameters."""
+    config = _config("ppo", num_updates=3)
+    config.checkpoint.update(every=2, keep=2, asynchronous=True)
+    full = tmp_path / "full"
+    _run(config, full, toolworld_model)
+    assert sorted(os.listdir(full / "checkpoints")) == ["0", "2", "3"]
+    part = tmp_path / "part"
+    shutil.copytree(full, part)
+    shutil.rmtree(part / "checkpoints" / "3")
+    config.checkpoint.update(asynchronous=False)  # changes no result: may change on resume.
+    _run(config, part, toolworld_model, resume=True)
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]  # noqa: E731
+    assert strip(_rows(part)) == strip(_rows(full))
+    for a, b in zip(_leaves(_params(part, 3)), _leaves(_params(full, 3)), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert not all(
+        np.array_equal(a, b)
+        for a, b in zip(_leaves(_params(full, 2)), _leaves(_params(full, 3)), strict=True)
+    )  # update 3 moved the policy: the replay had something to reproduce.
 
 
 def test_ppo_reads_its_critic_from_another_checkpoint_with_the_same_tokenizer(
@@ -221,6 +248,56 @@ def test_the_loss_mask_covers_only_the_assistant_tokens(toolworld_model, tmp_pat
     # The run's first update plays this very batch.
     rows = _run(config, tmp_path / "w", toolworld_model)
     assert rows[0]["tokens_generated"] == float(np.sum(np.asarray(trajectory.loss_mask)))
+
+
+def _one_step_changes(model_dir, **precision):
+    """The fraction of the policy's weight entries that one AdamW step at learning rate
+    1e-6 changes (PPO, one epoch of one minibatch: one step), with the dtypes of the
+    reference and the critic beside it. The embedding rows of ids the sampler never emits
+    (PAD, the padded vocabulary) get no gradient in any precision and are not counted."""
+    config = _config("ppo", learning_rate=1e-6, num_epochs=1, num_minibatches=1)
+    train_config, text_config, tasks = hf_agent.build(config, "toolworld_text")
+    model = text_train.check_model(str(model_dir), tasks.tools, **precision)
+    run, params = text_train.make_text_run(train_config, text_config, tasks, model)
+    rows = model.chat.sampling_mask(model.checkpoint.config.vocab_size)
+
+    def entries(tree):  # path -> the counted entries, a float64 copy.
+        out = {}
+        for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+            name, leaf = jax.tree_util.keystr(path), np.asarray(leaf, np.float64)
+            out[name] = leaf[rows] if "embed_tokens" in name else leaf
+        return out
+
+    before = entries(params)
+    state = run.program.init(params, run.critic)
+    _, trajectory = text_train.play_batch(run, state.params, 0)
+    ref_logp = run.program.reference(run.reference, trajectory)
+    state, _ = run.program.update(state, trajectory, ref_logp)
+    after = entries(state.params)
+    changed = sum(int(np.sum(after[name] != before[name])) for name in before)
+    dtypes = {
+        role: {str(leaf.dtype) for leaf in jax.tree.leaves(tree)}
+        for role, tree in [("params", state.params), ("opt_state", state.opt_state),
+                           ("reference", run.reference), ("critic", state.critic)]
+    }  # fmt: skip
+    dtypes["opt_state"] -= {"int32"}  # AdamW's step count.
+    return changed / sum(leaf.size for leaf in before.values()), dtypes
+
+
+def test_mixed_precision_keeps_small_steps_that_bfloat16_weights_lose(toolworld_model):
+    """The default precision (float32 master weights and AdamW moments, bfloat16 compute):
+    one step at learning rate 1e-6 moves nearly every weight; with bfloat16 parameters
+    (asked for by param_dtype) the same step is below most weights' bfloat16 spacing."""
+    mixed, dtypes = _one_step_changes(toolworld_model)
+    assert mixed >= 0.99, mixed
+    assert dtypes == dict(params={"float32"}, opt_state={"float32"}, reference={"bfloat16"},
+                          critic={"float32"})  # fmt: skip
+    narrow, dtypes = _one_step_changes(toolworld_model, param_dtype="bfloat16")
+    assert narrow < 0.5, narrow
+    assert set().union(*dtypes.values()) == {"bfloat16"}
+    with pytest.raises(ValueError, match="config.model.param_dtype='bfloat16' needs"):
+        text_train.check_model(str(toolworld_model), (), dtype="float32", param_dtype="bfloat16")
+    print(f"weights changed by one step: {mixed:.4f} mixed, {narrow:.4f} bfloat16 parameters")
 
 
 def test_heldout_evaluation_plays_fixed_heldout_tasks_sampled_and_greedy(toolworld_model, tmp_path):
@@ -317,6 +394,35 @@ def test_a_bad_model_folder_is_refused_before_anything_is_written(toolworld_mode
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda f: (f / "config.json").unlink(), "no config.json"),
+        (lambda f: write_checkpoint(f, QWEN, architectures=None, model_type="gpt2"),
+         "config.json: unsupported architecture 'gpt2'"),
+    ],
+    ids=["no config.json", "gpt2"],
+)  # fmt: skip
+def test_the_model_config_is_checked_before_the_tokenizer(toolworld_model, tmp_path, edit, message):
+    """A folder whose config.json is missing or names an architecture the trunk lacks is
+    refused for that, not for its tokenizer's template (GPT-2's ends no assistant turn
+    with an end-of-turn token), in one line, before anything is written."""
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "model"
+    shutil.copytree(toolworld_model, folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = "{% for message in messages %}{{ message.content }}{% endfor %}"
+    tokenizer.save_pretrained(folder)
+    with pytest.raises(ValueError, match="does not end assistant turns"):
+        _run(_config(), tmp_path / "w", folder)  # the template is at fault here.
+    edit(folder)
+    with pytest.raises(ValueError, match=message) as refused:
+        _run(_config(), tmp_path / "w", folder)
+    assert len(str(refused.value).splitlines()) == 1
+    assert not (tmp_path / "w").exists()
+
+
 BAD_CONFIGS = {
     "algorithm": (lambda c: setattr(c, "algorithm", "a2c"), "config.algorithm must be one of"),
     "num_groups": (lambda c: c.train.update(num_groups=0), "TrainConfig.num_groups must be >= 1"),
@@ -332,7 +438,10 @@ BAD_CONFIGS = {
     "schedule": (lambda c: c.train.update(lr_schedule="cosine"), "lr_schedule must be"),
     "sampling": (lambda c: c.sampling.update(max_new_tokens=0), "TextConfig.max_new_tokens"),
     "dtype": (lambda c: c.model.update(dtype="int8"), "config.model.dtype"),
+    "param_dtype": (lambda c: c.model.update(param_dtype="float16"), "config.model.param_dtype"),
     "reward": (lambda c: c.train.update(reward="dialogue"), "config.train.reward"),
+    "every": (lambda c: c.checkpoint.update(every=0), "CheckpointConfig.every must be an integer"),
+    "keep": (lambda c: c.checkpoint.update(keep=0), "CheckpointConfig.keep must be an integer"),
     "guardrail": (lambda c: c.env.toolworld_text.update(guardrail="mask"), "guardrail='mask'"),
     "prompt": (lambda c: c.sampling.update(obs_len=64), "more than TextConfig.obs_len=64"),
     "heldout": (lambda c: (c.env.toolworld_text.update(task_split="all"), c.eval.update(every=1)),

@@ -13,10 +13,12 @@ Sections: `env` (one sub-section per --env: `toolworld_text`, ToolWorldConfig fi
 temperature), `train` (the update: rlagent.train.config.TrainConfig fields: updates,
 tasks per update = num_groups, group_size, learning rate, KL to the reference, ...; the
 fields left None take the algorithm's values, rlagent.text.train.ALGORITHMS) and `model`
-(parameter dtype, rematerialisation; end-of-turn and padding tokens, '' = the tokenizer's
-eos / pad token), `mesh` (FSDP over local devices: `--config.mesh.devices=-1` for all),
+(compute and parameter dtypes, rematerialisation; end-of-turn and padding tokens, '' =
+the tokenizer's eos / pad token), `mesh` (FSDP over local devices:
+`--config.mesh.devices=-1` for all),
 `critic` (PPO's value model, rlagent.text.critic.CriticConfig: its checkpoint folder,
-learning rate, warm-up updates; read when the estimator reads values, as ppo's gae_token).
+learning rate, warm-up updates; read when the estimator reads values, as ppo's gae_token),
+`checkpoint` (how often checkpoints are saved, how many are kept, asynchronous saves).
 """
 
 import ml_collections
@@ -24,6 +26,7 @@ from ml_collections import config_dict
 
 from experiments.studies.sections import section
 from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.host.loop import CheckpointConfig
 from rlagent.text.critic import CriticConfig
 from rlagent.text.judge import QUESTION
 from rlagent.text.loop import TextConfig
@@ -37,7 +40,13 @@ def get_config() -> ml_collections.ConfigDict:
     config.seed = 0  # every task draw and sampling key derives from (seed, update).
 
     config.model = ml_collections.ConfigDict()
-    config.model.dtype = "float32"  # parameter and matmul dtype: float32 | bfloat16.
+    # Mixed precision (docs/text.md): parameters and AdamW's moments stored in
+    # `param_dtype`, cast to `dtype` where the forward pass uses them (activations, matmuls,
+    # the sampler's KV cache). float32 master weights keep steps smaller than a weight's
+    # bfloat16 spacing; param_dtype='bfloat16' (needs dtype='bfloat16') halves the states'
+    # memory and loses them. dtype='float32' with float32 parameters: full precision.
+    config.model.dtype = "bfloat16"  # compute dtype: bfloat16 | float32.
+    config.model.param_dtype = "float32"  # master weights and optimiser state: float32 | bfloat16.
     config.model.end_token = ""  # end-of-turn token; '' = the tokenizer's eos_token.
     config.model.pad_token = ""  # padding token; '' = the tokenizer's pad_token.
     # Recompute each decoder block in the backward pass: the update keeps one block's
@@ -88,6 +97,11 @@ def get_config() -> ml_collections.ConfigDict:
     # '' = the policy's checkpoint (another folder must share its tokenizer); learning_rate
     # None = train.learning_rate; warmup_updates: first updates that train the critic only.
     config.critic = section(CriticConfig)
+
+    # Checkpoints (rlagent.host.loop.CheckpointConfig): after every `every`-th update and
+    # the last, the newest `keep` kept beside step 0 (the start); `asynchronous`: Orbax
+    # writes in the background while the next update runs. A resumed run may change them.
+    config.checkpoint = section(CheckpointConfig)
 
     # The update (rlagent.train.config.TrainConfig); None: the algorithm's value.
     config.train = section(
