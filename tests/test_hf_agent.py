@@ -185,6 +185,52 @@ def test_checkpoints_every_two_updates_resume_exactly(toolworld_model, tmp_path)
     )  # update 3 moved the policy: the replay had something to reproduce.
 
 
+def test_export_writes_a_folder_transformers_loads_with_our_logits(toolworld_model, tmp_path):
+    """`experiments.export_hf RUN@1`: config.json, safetensors, tokenizer and chat template
+    of a run's policy after one PPO update; transformers' float32 logits equal ours."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers import AutoTokenizer
+
+    from rlagent.text.export import _policy
+    from rlagent.text.export import export_hf
+
+    run = tmp_path / "run"
+    _run(_config("ppo", num_updates=1), run, toolworld_model)
+    out = tmp_path / "hf"
+    command = [sys.executable, "-m", "experiments.export_hf", f"{run}@1", f"--out={out}"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(out))
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    messages = [{"role": "user", "content": "guess"}, {"role": "assistant", "content": "5"}]
+    source = AutoTokenizer.from_pretrained(toolworld_model)
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    assert text == source.apply_chat_template(messages, tokenize=False) and "<|im_end|>" in text
+    ids = np.asarray([tokenizer(text)["input_ids"]])
+    hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    with torch.no_grad():
+        theirs = hf(torch.from_numpy(ids)).logits.numpy()
+    policy = json.loads((run / "provenance.json").read_text())["config"]["model"]["policy"]
+    config = PolicyConfig(**{**policy, "dtype": "float32"})
+    llama = _policy(str(run), 1, config)
+    hidden, _ = llama(llama.embed(ids), np.ones(ids.shape, bool))
+    ours = np.asarray(llama.logits(hidden))
+    assert np.abs(ours - theirs).max() <= 1e-4, np.abs(ours - theirs).max()
+    start = _policy(str(run), 0, config)  # the update moved the exported weights.
+    assert not np.array_equal(
+        np.asarray(start.norm.weight[...]), np.asarray(llama.norm.weight[...])
+    )
+    for spec, target, message in [
+        (str(toolworld_model), tmp_path / "x", "is not a text run folder"),
+        (f"{run}@7", tmp_path / "x", r"no checkpoint step 7 in .*; it holds \[0, 1\]"),
+        (str(run), out, "exists and is not an empty folder"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            export_hf(spec, str(target))
+    assert not (tmp_path / "x").exists()
+
+
 def test_ppo_reads_its_critic_from_another_checkpoint_with_the_same_tokenizer(
     toolworld_model, tmp_path
 ):
