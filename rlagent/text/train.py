@@ -11,7 +11,8 @@ played by `group_size` episodes (`rlagent.text.loop`, keys `fold_in(key(seed), u
 reference's log-probs (the checkpoint as loaded, frozen) and the update
 (`rlagent.text.update`: rewards, the project's estimators, PPO-clip, KL to the reference;
 with a critic-based estimator, as PPO's default, a separate critic model of
-`rlagent.text.critic` trained beside the policy); one metric row and one checkpoint.
+`rlagent.text.critic` trained beside the policy); one metric row, and a checkpoint when
+one is due (`host_loop.CheckpointConfig`).
 Everything random is a function of (seed, update), so a resumed run (`--resume`: the
 policy, critic and optimiser states of the newest checkpoint) equals an uninterrupted one.
 The run folder is the host loop's (`rlagent.host.loop.open_run`, `run_files`): a non-empty
@@ -25,10 +26,12 @@ reference and the optimiser state live in FSDP layout over its devices: the text
 jitted generation reads the sharded parameters (XLA gathers what a layer needs), the
 update keeps its state sharded and splits the batch's episodes over every device.
 
-`check_model` refuses, before anything is written, a folder that is no checkpoint the
-loader reads (`rlagent.models.checkpoint.read_checkpoint`), a tokenizer the folder lacks or
-one without a chat template (`rlagent.text.chat.make_chat`), and a vocabulary mismatch
-(`chat.check_vocab`).
+`check_model` refuses, before anything is written and in this order, a folder that is no
+checkpoint the loader reads (`rlagent.models.checkpoint.read_checkpoint`: config.json, its
+architecture, the safetensors), a tokenizer the folder lacks or one without a usable chat
+template (`rlagent.text.chat.make_chat`), and a vocabulary mismatch (`chat.check_vocab`).
+Parameters and AdamW's moments are float32 and the compute bfloat16 unless the caller
+asks otherwise (`check_dtypes`); the frozen reference is kept in the compute dtype.
 """
 
 from __future__ import annotations
