@@ -18,7 +18,15 @@ the tokenizer's eos / pad token), `mesh` (FSDP over local devices:
 `--config.mesh.devices=-1` for all),
 `critic` (PPO's value model, rlagent.text.critic.CriticConfig: its checkpoint folder,
 learning rate, warm-up updates; read when the estimator reads values, as ppo's gae_token),
-`checkpoint` (how often checkpoints are saved, how many are kept, asynchronous saves).
+`checkpoint` (a checkpoint after every `every`-th update and the last, the newest `keep`
+kept beside step 0, `asynchronous` Orbax writes while the next update runs; a resumed run
+may change them).
+
+Precision (`model`, docs/text.md): parameters and AdamW's moments are stored in
+`param_dtype` and cast to `dtype` where the forward pass uses them (activations, matmuls,
+the sampler's KV cache). The default float32 master weights keep steps smaller than a
+weight's bfloat16 spacing; `param_dtype='bfloat16'` (with `dtype='bfloat16'`) halves the
+states' memory and loses such steps; both float32: full precision.
 """
 
 import ml_collections
@@ -40,13 +48,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.seed = 0  # every task draw and sampling key derives from (seed, update).
 
     config.model = ml_collections.ConfigDict()
-    # Mixed precision (docs/text.md): parameters and AdamW's moments stored in
-    # `param_dtype`, cast to `dtype` where the forward pass uses them (activations, matmuls,
-    # the sampler's KV cache). float32 master weights keep steps smaller than a weight's
-    # bfloat16 spacing; param_dtype='bfloat16' (needs dtype='bfloat16') halves the states'
-    # memory and loses them. dtype='float32' with float32 parameters: full precision.
-    config.model.dtype = "bfloat16"  # compute dtype: bfloat16 | float32.
-    config.model.param_dtype = "float32"  # master weights and optimiser state: float32 | bfloat16.
+    config.model.dtype = "bfloat16"  # compute dtype: bfloat16 | float32 (docs/text.md).
+    config.model.param_dtype = "float32"  # parameters, AdamW moments: float32 | bfloat16.
     config.model.end_token = ""  # end-of-turn token; '' = the tokenizer's eos_token.
     config.model.pad_token = ""  # padding token; '' = the tokenizer's pad_token.
     # Recompute each decoder block in the backward pass: the update keeps one block's
@@ -98,10 +101,7 @@ def get_config() -> ml_collections.ConfigDict:
     # None = train.learning_rate; warmup_updates: first updates that train the critic only.
     config.critic = section(CriticConfig)
 
-    # Checkpoints (rlagent.host.loop.CheckpointConfig): after every `every`-th update and
-    # the last, the newest `keep` kept beside step 0 (the start); `asynchronous`: Orbax
-    # writes in the background while the next update runs. A resumed run may change them.
-    config.checkpoint = section(CheckpointConfig)
+    config.checkpoint = section(CheckpointConfig)  # every, keep, asynchronous (docstring).
 
     # The update (rlagent.train.config.TrainConfig); None: the algorithm's value.
     config.train = section(

@@ -110,7 +110,7 @@ class CheckpointConfig:
         return done % self.every == 0 or done == total
 
 
-# Settings that change no result: a resumed run may change them (`open_run(extra=...)`).
+# Settings that change no result: a resumed run may change them (`open_run`).
 CHECKPOINT_FIELDS = tuple(f"checkpoint.{f.name}" for f in dataclasses.fields(CheckpointConfig))
 # The host loop's own: it waits for each chunk's checkpoint, and a full or unwritable disk
 # is raised at the save that hit it.
@@ -207,10 +207,11 @@ def open_run(
 ) -> tuple[bool, dict[str, Any]]:  # fmt: skip
     """Readies `workdir` for a run of the resolved config (`provenance.resolved`) and writes
     its `provenance.json`: `(resumed, the provenance record)`. A resumed folder must hold
-    the same config except `resumable_fields(lr_schedule, extra)`; `facts` join the record
-    (not the config). `run` starts through it, and so does any other trainer that keeps
-    the run-folder guarantees of the module docstring (`rlagent.text.train`)."""
-    may_change, note = resumable_fields(lr_schedule, extra=extra)
+    the same config except `resumable_fields(lr_schedule, extra)` and `CHECKPOINT_FIELDS`;
+    `facts` join the record (not the config). `run` starts through it, and so does any
+    other trainer that keeps the run-folder guarantees of the module docstring
+    (`rlagent.text.train`)."""
+    may_change, note = resumable_fields(lr_schedule, extra=(*extra, *CHECKPOINT_FIELDS))
     resume = prepare_workdir(
         workdir, resume=resume, overwrite=overwrite, config=resolved, may_change=may_change,
         note=note,

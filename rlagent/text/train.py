@@ -14,7 +14,8 @@ with a critic-based estimator, as PPO's default, a separate critic model of
 `rlagent.text.critic` trained beside the policy); one metric row, and a checkpoint when
 one is due (`host_loop.CheckpointConfig`).
 Everything random is a function of (seed, update), so a resumed run (`--resume`: the
-policy, critic and optimiser states of the newest checkpoint) equals an uninterrupted one.
+policy, critic and optimiser states of the newest checkpoint; the updates after it are
+played again, their rows replaced) equals an uninterrupted one.
 The run folder is the host loop's (`rlagent.host.loop.open_run`, `run_files`): a non-empty
 folder refused without resume / overwrite, `provenance.json`, metrics.csv, Orbax
 checkpoints (step 0, the start, and the newest `keep`, saved every `every` updates and
@@ -277,11 +278,6 @@ def run_text(
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Trains `config.num_updates` updates (module docstring); returns every metric row.
 
-    The state is checkpointed after every `checkpoints.every`-th update and the last,
-    asynchronously by default, the newest `checkpoints.keep` kept beside step 0
-    (`host_loop.CheckpointConfig`); a resumed run goes on from the newest one and replays
-    the updates after it (their rows are dropped and written again, the same).
-
     With `mesh` (a `("data", "fsdp")` mesh, `sharding.fsdp_mesh`) parameters and
     optimiser state are sharded over its devices (module docstring); the batch's episodes
     must divide over them, and online DPO is refused (its program runs on one device).
@@ -320,9 +316,8 @@ def run_text(
         critic=None if checked is None else critic_record(checked), checkpoint=checkpoints,
     )  # fmt: skip
     resume, record = host_loop.open_run(
-        workdir, resolved, lr_schedule=config.lr_schedule, extra=host_loop.CHECKPOINT_FIELDS,
-        resume=resume, overwrite=overwrite,
-    )  # fmt: skip
+        workdir, resolved, lr_schedule=config.lr_schedule, resume=resume, overwrite=overwrite
+    )
     run, params = make_text_run(
         config, text_config, tasks, model, seed=seed, preference=preference, mesh=mesh,
         critic=critic,
