@@ -107,11 +107,11 @@ def config_value(launcher: LauncherFlags) -> Any:
     return config
 
 
-def run_reported(work: Callable[[], Any]) -> None:
-    """Calls `work()`; refused, diverged or badly configured runs exit with their error."""
+def run_reported(work: Callable[[], Any]) -> Any:
+    """`work()`; refused, diverged or badly configured runs exit with their error."""
     logging.set_verbosity(logging.WARNING)  # keep Orbax's per-checkpoint INFO lines out.
     try:
-        work()
+        return work()
     except (loop.RunError, ValueError) as error:  # refused, diverged or a bad config value.
         sys.exit(f"error: {error}")
 

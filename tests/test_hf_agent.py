@@ -131,7 +131,10 @@ def test_the_launcher_trains_grpo_on_toolworld_text(toolworld_model, tmp_path):
     assert "update 2/2" in done.stdout
     rows = _assert_run_folder(workdir, "grpo")
     # The random model writes no call: every turn is malformed, the group's episodes score
-    # alike, GRPO's advantages are 0 (up to rounding) and the parameters stay as loaded.
+    # alike, GRPO's advantages are 0 (up to rounding) and the parameters stay as loaded, up
+    # to AdamW's step of the learning rate (1e-6) an update: under the default bfloat16
+    # compute the update's forward pass rounds otherwise than the reference's, a KL
+    # gradient at rounding level that the float32 master weights keep.
     assert all(float(row["malformed_rate"]) == 1.0 for row in rows)
     # The defaults evaluate on held-out tasks after the last update (every 25 otherwise).
     assert np.isnan(float(rows[0]["eval_sampled_success"]))
@@ -140,7 +143,7 @@ def test_the_launcher_trains_grpo_on_toolworld_text(toolworld_model, tmp_path):
     for before, after in zip(
         _leaves(_params(workdir, 0)), _leaves(_params(workdir, 2)), strict=True
     ):
-        np.testing.assert_allclose(after, before, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(after, before, rtol=0, atol=2 * 1.01e-6)
     # A rerun into the same folder is refused, in one line, and changes nothing.
     stamp = (workdir / "metrics.csv").read_text()
     again = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
@@ -191,6 +194,76 @@ def test_ppo_changes_the_parameters_and_resumes_exactly(toolworld_model, tmp_pat
     assert strip(_rows(part)) == strip(_rows(full))
     with pytest.raises(RunError, match="different config: train.learning_rate"):
         _run(_config("ppo", learning_rate=1e-3), part, toolworld_model, resume=True)
+
+
+def test_checkpoints_every_two_updates_resume_exactly(toolworld_model, tmp_path):
+    """Checkpoints after updates 2 and 3 (every 2, and the last), written asynchronously;
+    a run stopped after update 3's row but before its checkpoint resumes from step 2,
+    replays update 3 and ends with the same rows and parameters."""
+    config = _config("ppo", num_updates=3)
+    config.checkpoint.update(every=2, keep=2, asynchronous=True)
+    full = tmp_path / "full"
+    _run(config, full, toolworld_model)
+    assert sorted(os.listdir(full / "checkpoints")) == ["0", "2", "3"]
+    part = tmp_path / "part"
+    shutil.copytree(full, part)
+    shutil.rmtree(part / "checkpoints" / "3")
+    config.checkpoint.update(asynchronous=False)  # changes no result: may change on resume.
+    _run(config, part, toolworld_model, resume=True)
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]  # noqa: E731
+    assert strip(_rows(part)) == strip(_rows(full))
+    for a, b in zip(_leaves(_params(part, 3)), _leaves(_params(full, 3)), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert not all(
+        np.array_equal(a, b)
+        for a, b in zip(_leaves(_params(full, 2)), _leaves(_params(full, 3)), strict=True)
+    )  # update 3 moved the policy: the replay had something to reproduce.
+
+
+def test_export_writes_a_folder_transformers_loads_with_our_logits(toolworld_model, tmp_path):
+    """`experiments.export_hf RUN@1`: config.json, safetensors, tokenizer and chat template
+    of a run's policy after one PPO update; transformers' float32 logits equal ours."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers import AutoTokenizer
+
+    from rlagent.text.export import _policy
+    from rlagent.text.export import export_hf
+
+    run = tmp_path / "run"
+    _run(_config("ppo", num_updates=1), run, toolworld_model)
+    out = tmp_path / "hf"
+    command = [sys.executable, "-m", "experiments.export_hf", f"{run}@1", f"--out={out}"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(out))
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    messages = [{"role": "user", "content": "guess"}, {"role": "assistant", "content": "5"}]
+    source = AutoTokenizer.from_pretrained(toolworld_model)
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    assert text == source.apply_chat_template(messages, tokenize=False) and "<|im_end|>" in text
+    ids = np.asarray([tokenizer(text)["input_ids"]])
+    hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    with torch.no_grad():
+        theirs = hf(torch.from_numpy(ids)).logits.numpy()
+    policy = json.loads((run / "provenance.json").read_text())["config"]["model"]["policy"]
+    config = PolicyConfig(**{**policy, "dtype": "float32"})
+    llama = _policy(str(run), 1, config)
+    hidden, _ = llama(llama.embed(ids), np.ones(ids.shape, bool))
+    ours = np.asarray(llama.logits(hidden))
+    assert np.abs(ours - theirs).max() <= 1e-4, np.abs(ours - theirs).max()
+    start = _policy(str(run), 0, config)  # the update moved the exported weights.
+    assert not np.array_equal(
+        np.asarray(start.norm.weight[...]), np.asarray(llama.norm.weight[...])
+    )
+    for spec, target, message in [
+        (str(toolworld_model), tmp_path / "x", "is not a text run folder"),
+        (f"{run}@7", tmp_path / "x", r"no checkpoint step 7 in .*; it holds \[0, 1\]"),
+        (str(run), out, "exists and is not an empty folder"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            export_hf(spec, str(target))
+    assert not (tmp_path / "x").exists()
 
 
 def test_ppo_reads_its_critic_from_another_checkpoint_with_the_same_tokenizer(
@@ -256,6 +329,59 @@ def test_the_loss_mask_covers_only_the_assistant_tokens(toolworld_model, tmp_pat
     # The run's first update plays this very batch.
     rows = _run(config, tmp_path / "w", toolworld_model)
     assert rows[0]["tokens_generated"] == float(np.sum(np.asarray(trajectory.loss_mask)))
+
+
+def _one_step_changes(model_dir, **precision):
+    """The fraction of the policy's weight entries that one AdamW step at learning rate
+    1e-6 changes (PPO, one epoch of one minibatch: one step), with the dtypes of the
+    reference and the critic beside it. The embedding rows of ids the sampler never emits
+    (PAD, the padded vocabulary) get no gradient in any precision and are not counted."""
+    config = _config("ppo", learning_rate=1e-6, num_epochs=1, num_minibatches=1)
+    train_config, text_config, tasks = hf_agent.build(config, "toolworld_text")
+    model = text_train.check_model(str(model_dir), tasks.tools, **precision)
+    run, params = text_train.make_text_run(train_config, text_config, tasks, model)
+    rows = model.chat.sampling_mask(model.checkpoint.config.vocab_size)
+
+    def entries(tree):  # path -> the counted entries, a float64 copy.
+        out = {}
+        for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+            name, leaf = jax.tree_util.keystr(path), np.asarray(leaf, np.float64)
+            out[name] = leaf[rows] if "embed_tokens" in name else leaf
+        return out
+
+    before = entries(params)
+    state = run.program.init(params, run.critic)
+    _, trajectory = text_train.play_batch(run, state.params, 0)
+    ref_logp = run.program.reference(run.reference, trajectory)
+    # The reference, stored in the compute dtype, scores as the master weights do.
+    policy_logp = run.program.reference(state.params, trajectory)
+    np.testing.assert_array_equal(np.asarray(ref_logp), np.asarray(policy_logp))
+    state, _ = run.program.update(state, trajectory, ref_logp)
+    after = entries(state.params)
+    changed = sum(int(np.sum(after[name] != before[name])) for name in before)
+    dtypes = {
+        role: {str(leaf.dtype) for leaf in jax.tree.leaves(tree)}
+        for role, tree in [("params", state.params), ("opt_state", state.opt_state),
+                           ("reference", run.reference), ("critic", state.critic)]
+    }  # fmt: skip
+    dtypes["opt_state"] -= {"int32"}  # AdamW's step count.
+    return changed / sum(leaf.size for leaf in before.values()), dtypes
+
+
+def test_mixed_precision_keeps_small_steps_that_bfloat16_weights_lose(toolworld_model):
+    """The default precision (float32 master weights and AdamW moments, bfloat16 compute):
+    one step at learning rate 1e-6 moves nearly every weight; with bfloat16 parameters
+    (asked for by param_dtype) the same step is below most weights' bfloat16 spacing."""
+    mixed, dtypes = _one_step_changes(toolworld_model)
+    assert mixed >= 0.99, mixed
+    assert dtypes == dict(params={"float32"}, opt_state={"float32"}, reference={"bfloat16"},
+                          critic={"float32"})  # fmt: skip
+    narrow, dtypes = _one_step_changes(toolworld_model, param_dtype="bfloat16")
+    assert narrow < 0.5, narrow
+    assert set().union(*dtypes.values()) == {"bfloat16"}
+    with pytest.raises(ValueError, match="config.model.param_dtype='bfloat16' needs"):
+        text_train.check_model(str(toolworld_model), (), dtype="float32", param_dtype="bfloat16")
+    print(f"weights changed by one step: {mixed:.4f} mixed, {narrow:.4f} bfloat16 parameters")
 
 
 def test_heldout_evaluation_plays_fixed_heldout_tasks_sampled_and_greedy(toolworld_model, tmp_path):
@@ -419,6 +545,35 @@ def test_a_bad_model_folder_is_refused_before_anything_is_written(toolworld_mode
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda f: (f / "config.json").unlink(), "no config.json"),
+        (lambda f: write_checkpoint(f, QWEN, architectures=None, model_type="gpt2"),
+         "config.json: unsupported architecture 'gpt2'"),
+    ],
+    ids=["no config.json", "gpt2"],
+)  # fmt: skip
+def test_the_model_config_is_checked_before_the_tokenizer(toolworld_model, tmp_path, edit, message):
+    """A folder whose config.json is missing or names an architecture the trunk lacks is
+    refused for that, not for its tokenizer's template (GPT-2's ends no assistant turn
+    with an end-of-turn token), in one line, before anything is written."""
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "model"
+    shutil.copytree(toolworld_model, folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = "{% for message in messages %}{{ message.content }}{% endfor %}"
+    tokenizer.save_pretrained(folder)
+    with pytest.raises(ValueError, match="does not end assistant turns"):
+        _run(_config(), tmp_path / "w", folder)  # the template is at fault here.
+    edit(folder)
+    with pytest.raises(ValueError, match=message) as refused:
+        _run(_config(), tmp_path / "w", folder)
+    assert len(str(refused.value).splitlines()) == 1
+    assert not (tmp_path / "w").exists()
+
+
 BAD_CONFIGS = {
     "algorithm": (lambda c: setattr(c, "algorithm", "a2c"), "config.algorithm must be one of"),
     "num_groups": (lambda c: c.train.update(num_groups=0), "TrainConfig.num_groups must be >= 1"),
@@ -434,7 +589,10 @@ BAD_CONFIGS = {
     "schedule": (lambda c: c.train.update(lr_schedule="cosine"), "lr_schedule must be"),
     "sampling": (lambda c: c.sampling.update(max_new_tokens=0), "TextConfig.max_new_tokens"),
     "dtype": (lambda c: c.model.update(dtype="int8"), "config.model.dtype"),
+    "param_dtype": (lambda c: c.model.update(param_dtype="float16"), "config.model.param_dtype"),
     "reward": (lambda c: c.train.update(reward="dialogue"), "config.train.reward"),
+    "every": (lambda c: c.checkpoint.update(every=0), "CheckpointConfig.every must be an integer"),
+    "keep": (lambda c: c.checkpoint.update(keep=0), "CheckpointConfig.keep must be an integer"),
     "guardrail": (lambda c: c.env.toolworld_text.update(guardrail="mask"), "guardrail='mask'"),
     "prompt": (lambda c: c.sampling.update(obs_len=64), "more than TextConfig.obs_len=64"),
     "heldout": (lambda c: (c.env.toolworld_text.update(task_split="all"), c.eval.update(every=1)),
@@ -491,6 +649,9 @@ def config(devices, num_updates=2, group_size=4):  # PPO (a critic): GRPO's adva
     config = _config("ppo", num_updates=num_updates, num_groups=2,  # are 0 here.
                      group_size=group_size, num_epochs=1, num_minibatches=1)
     config.mesh.update(devices=devices, data=2 if devices > 1 else 1)
+    # float32 compute: the mesh and one device agree to float32 rounding; under bfloat16
+    # compute each layout's reductions round otherwise (0.3% in grad_norm).
+    config.model.dtype = "float32"
     return config
 
 for name, devices, updates, resume in [("one", 0, 2, False), ("mesh", 4, 2, False),

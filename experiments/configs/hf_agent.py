@@ -13,11 +13,19 @@ Sections: `env` (one sub-section per --env: `toolworld_text`, ToolWorldConfig fi
 prompt sizes, temperature), `train` (the update: rlagent.train.config.TrainConfig fields:
 updates, tasks per update = num_groups, group_size, learning rate, KL to the reference,
 ...; the fields left None take the algorithm's values, rlagent.text.train.ALGORITHMS) and
-`model` (parameter dtype, rematerialisation; end-of-turn and padding tokens, '' = the
-tokenizer's eos / pad token; the chat template's enable_thinking), `mesh` (FSDP over local
-devices: `--config.mesh.devices=-1` for all), `critic` (PPO's value model,
+`model` (compute and parameter dtypes, rematerialisation; end-of-turn and padding tokens,
+'' = the tokenizer's eos / pad token; the chat template's enable_thinking), `mesh` (FSDP
+over local devices: `--config.mesh.devices=-1` for all), `critic` (PPO's value model,
 rlagent.text.critic.CriticConfig: its checkpoint folder, learning rate, warm-up updates;
-read when the estimator reads values, as ppo's gae_token).
+read when the estimator reads values, as ppo's gae_token), `checkpoint` (a checkpoint
+after every `every`-th update and the last, the newest `keep` kept beside step 0,
+`asynchronous` Orbax writes while the next update runs; a resumed run may change them).
+
+Precision (`model`, docs/text.md): parameters and AdamW's moments are stored in
+`param_dtype` and cast to `dtype` where the forward pass uses them (activations, matmuls,
+the sampler's KV cache). The default float32 master weights keep steps smaller than a
+weight's bfloat16 spacing; `param_dtype='bfloat16'` (with `dtype='bfloat16'`) halves the
+states' memory and loses such steps; both float32: full precision.
 """
 
 import ml_collections
@@ -25,6 +33,7 @@ from ml_collections import config_dict
 
 from experiments.studies.sections import section
 from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.host.loop import CheckpointConfig
 from rlagent.text.critic import CriticConfig
 from rlagent.text.judge import QUESTION
 from rlagent.text.loop import TextConfig
@@ -38,7 +47,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.seed = 0  # every task draw and sampling key derives from (seed, update).
 
     config.model = ml_collections.ConfigDict()
-    config.model.dtype = "float32"  # parameter and matmul dtype: float32 | bfloat16.
+    config.model.dtype = "bfloat16"  # compute dtype: bfloat16 | float32 (docs/text.md).
+    config.model.param_dtype = "float32"  # parameters, AdamW moments: float32 | bfloat16.
     config.model.end_token = ""  # end-of-turn token; '' = the tokenizer's eos_token.
     config.model.pad_token = ""  # padding token; '' = the tokenizer's pad_token.
     # The chat template's enable_thinking (Qwen3: False gives the generation prompt an empty
@@ -93,6 +103,8 @@ def get_config() -> ml_collections.ConfigDict:
     # '' = the policy's checkpoint (another folder must share its tokenizer); learning_rate
     # None = train.learning_rate; warmup_updates: first updates that train the critic only.
     config.critic = section(CriticConfig)
+
+    config.checkpoint = section(CheckpointConfig)  # every, keep, asynchronous (docstring).
 
     # The update (rlagent.train.config.TrainConfig); None: the algorithm's value.
     config.train = section(

@@ -18,6 +18,7 @@ import ml_collections
 from experiments.studies.common import check_counts
 from experiments.studies.sections import make
 from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.host.loop import CheckpointConfig
 from rlagent.models import sharding
 from rlagent.preference.dpo import DPOConfig
 from rlagent.preference.judges import judge_weights
@@ -43,16 +44,18 @@ def run(
     dpo = preference(config, train_config)  # refuses bad online DPO settings first.
     evaluation = make(EvalConfig, config.eval.to_dict(), "eval")
     critic = make(CriticConfig, config.critic.to_dict(), "critic")
+    checkpoints = make(CheckpointConfig, config.checkpoint.to_dict(), "checkpoint")
     model = config.model
     agent = text_train.check_model(
-        model_dir, tasks.tools, dtype=model.dtype, end_token=model.end_token or None,
-        pad_token=model.pad_token or None, remat=model.remat,
+        model_dir, tasks.tools, dtype=model.dtype, param_dtype=model.param_dtype,
+        end_token=model.end_token or None, pad_token=model.pad_token or None, remat=model.remat,
         enable_thinking=model.enable_thinking,
     )  # fmt: skip
     return text_train.run_text(
         train_config, text_config, tasks, agent, workdir=workdir, seed=config.seed,
         algorithm=config.algorithm, resume=resume, overwrite=overwrite, progress=progress,
         evaluation=evaluation, preference=dpo, mesh=device_mesh, critic=critic,
+        checkpoints=checkpoints,
     )  # fmt: skip
 
 

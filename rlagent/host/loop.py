@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import csv
+import dataclasses
 import functools
 import os
 import shutil
@@ -74,10 +75,46 @@ from rlagent.train.rewards import check_forms
 from rlagent.train.rewards import reward_weights
 
 __all__ = [
-    "RESUMABLE_FIELDS", "Diverged", "RunError", "RunFiles", "check_arguments", "check_finite",
-    "checkpoint_manager", "clear_compiled", "clear_compiled_if_crowded", "open_run",
-    "quiet_closed_loops", "resume_state", "run", "run_files", "save_start", "save_state",
+    "CHECKPOINT_FIELDS", "RESUMABLE_FIELDS", "CheckpointConfig", "Diverged", "RunError",
+    "RunFiles", "check_arguments", "check_finite", "checkpoint_manager", "clear_compiled",
+    "clear_compiled_if_crowded", "open_run", "quiet_closed_loops", "resume_state", "run",
+    "run_files", "save_start", "save_state", "wait_for_saves",
 ]  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """When a trainer that saves update by update (`rlagent.text.train`) checkpoints, and
+    what `checkpoint_manager` keeps. None of it changes a result, so a resumed run may
+    change it (`CHECKPOINT_FIELDS`)."""
+
+    every: int = 1  # save after every `every`-th update, and after the last one.
+    keep: int = 2  # the newest checkpoints kept; step 0 (the start) is kept beside them.
+    # Orbax's asynchronous saves: `save` returns once the arrays are copied to host memory
+    # and a background thread writes them while the next update runs; the next save, and
+    # the run's end (`wait_for_saves`), wait for it and raise its error.
+    asynchronous: bool = True
+
+    def __post_init__(self):
+        for name in ("every", "keep"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"CheckpointConfig.{name} must be an integer >= 1, got {value!r}")
+        if not isinstance(self.asynchronous, bool):
+            raise ValueError(
+                f"CheckpointConfig.asynchronous must be True or False, got {self.asynchronous!r}"
+            )
+
+    def due(self, done: int, total: int) -> bool:
+        """Whether the state after `done` of `total` updates is checkpointed."""
+        return done % self.every == 0 or done == total
+
+
+# Settings that change no result: a resumed run may change them (`open_run`).
+CHECKPOINT_FIELDS = tuple(f"checkpoint.{f.name}" for f in dataclasses.fields(CheckpointConfig))
+# The host loop's own: it waits for each chunk's checkpoint, and a full or unwritable disk
+# is raised at the save that hit it.
+_CHUNK_CHECKPOINTS = CheckpointConfig(asynchronous=False)
 
 
 class Diverged(RunError):
@@ -172,11 +209,12 @@ def open_run(
 ) -> tuple[bool, dict[str, Any]]:  # fmt: skip
     """Readies `workdir` for a run of the resolved config (`provenance.resolved`) and writes
     its `provenance.json` (a resume leaves it alone; its record joins
-    `provenance.SEGMENTS` when it finishes): `(resumed, the provenance record)`. A resumed folder must hold
-    the same config except `resumable_fields(lr_schedule, extra)`; `facts` join the record
-    (not the config). `run` starts through it, and so does any other trainer that keeps
-    the run-folder guarantees of the module docstring (`rlagent.text.train`)."""
-    may_change, note = resumable_fields(lr_schedule, extra=extra)
+    `provenance.SEGMENTS` when it finishes): `(resumed, the provenance record)`. A resumed
+    folder must hold the same config except `resumable_fields(lr_schedule, extra)` and
+    `CHECKPOINT_FIELDS`; `facts` join the record (not the config). `run` starts through it,
+    and so does any other trainer that keeps the run-folder guarantees of the module
+    docstring (`rlagent.text.train`)."""
+    may_change, note = resumable_fields(lr_schedule, extra=(*extra, *CHECKPOINT_FIELDS))
     resume = prepare_workdir(
         workdir, resume=resume, overwrite=overwrite, config=resolved, may_change=may_change,
         note=note,
@@ -201,13 +239,15 @@ class RunFiles(NamedTuple):
 def run_files(
     workdir: str, state: Any, runs: Sequence[tuple[str, int]], *, resume: bool,
     tensorboard: bool = True, checkpoint: bool = True,
+    checkpoints: CheckpointConfig = _CHUNK_CHECKPOINTS,
 ):  # fmt: skip
-    """The metric writer and checkpoint manager of `workdir` (closed on exit), the state
-    restored from them when resuming (`resume_state`: `state` is the fresh one and the
-    template) and step 0, the start, checkpointed once per folder."""
+    """The metric writer and checkpoint manager of `workdir` (closed on exit; the manager
+    of `checkpoints`), the state restored from them when resuming (`resume_state`: `state`
+    is the fresh one and the template) and step 0, the start, checkpointed once per
+    folder."""
     writer, manager = MetricWriter(workdir, tensorboard=tensorboard), None
     try:
-        manager = checkpoint_manager(workdir) if checkpoint else None
+        manager = checkpoint_manager(workdir, checkpoints) if checkpoint else None
         done, state, rows = resume_state(manager, writer, state, runs, resume=resume)
         save_start(manager, done, state)
         yield RunFiles(writer, manager, done, state, rows)
@@ -530,6 +570,17 @@ def save_state(manager: ocp.CheckpointManager, step: int, state: Any) -> None:
         ) from error
 
 
+def wait_for_saves(manager: ocp.CheckpointManager) -> None:
+    """Waits for the asynchronous saves in flight (`RunError` naming the folder when one
+    could not be written)."""
+    try:
+        manager.wait_until_finished()
+    except Exception as error:
+        raise RunError(
+            f"Could not write a checkpoint to {manager.directory}: {type(error).__name__}: {error}"
+        ) from error
+
+
 def check_finite(metrics, done: int, runs, manager, rows) -> None:
     """Raises `Diverged` (with `rows`) when a chunk's `metrics [runs, updates]` flag a
     non-finite loss or gradient (`NONFINITE_METRICS`, which they must hold); `done`
@@ -690,18 +741,21 @@ def _raise_failed_checks(error, done: int, length: int, runs) -> None:
         )
 
 
-def checkpoint_manager(workdir: str) -> ocp.CheckpointManager:
-    """The Orbax manager of `<workdir>/checkpoints`: the newest two kept, and step 0 (the
-    start, before any update: `run` writes it) kept always, so that a run's policy before
-    and after RL can be served or A/B tested. Synchronous saves: the loop waits for each
-    checkpoint anyway, and an error (a full or unwritable disk) is raised here instead of
-    in a background thread."""
+def checkpoint_manager(
+    workdir: str, config: CheckpointConfig = _CHUNK_CHECKPOINTS
+) -> ocp.CheckpointManager:
+    """The Orbax manager of `<workdir>/checkpoints`: the newest `config.keep` kept (two for
+    the host loop), and step 0 (the start, before any update: `run` writes it) kept
+    always, so that a run's policy before and after RL can be served or A/B tested.
+    Synchronous saves unless `config.asynchronous`: the host loop waits for each chunk's
+    checkpoint anyway, and an error (a full or unwritable disk) is raised at its save
+    instead of in a background thread."""
     policy = checkpoint_managers.AnyPreservationPolicy(
-        [checkpoint_managers.LatestN(2), checkpoint_managers.CustomSteps([0])]
+        [checkpoint_managers.LatestN(config.keep), checkpoint_managers.CustomSteps([0])]
     )
     return ocp.CheckpointManager(
         os.path.abspath(os.path.join(workdir, "checkpoints")),
         options=ocp.CheckpointManagerOptions(
-            preservation_policy=policy, enable_async_checkpointing=False
+            preservation_policy=policy, enable_async_checkpointing=config.asynchronous
         ),
     )

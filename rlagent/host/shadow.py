@@ -535,7 +535,7 @@ def _load_checkpoint(spec: str) -> Checkpoint:
     abstract = nnx.eval_shape(lambda: Policy(PolicyConfig(**config["model"]), rngs=nnx.Rngs(0)))
     params = nnx.state(abstract, nnx.Param)
     row = runs.index(run)
-    pure = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[row]), _strip_value(tree["params"]))
+    pure = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[row]), strip_value(tree["params"]))
     nnx.replace_by_pure_dict(params, pure)
     return Checkpoint(
         params, config, f"{os.path.normpath(folder)}@{step}#{run}:{params_hash(params)}", step
@@ -619,12 +619,12 @@ def _payload(line: bytes) -> bytes | None:
     return payload
 
 
-def _strip_value(tree: Any) -> Any:
+def strip_value(tree: Any) -> Any:
     """A restored nnx.State as a pure dict: Orbax stores each variable as `{"value": x}`."""
     if isinstance(tree, Mapping):
         if set(tree) == {"value"} and not isinstance(tree["value"], Mapping):
             return tree["value"]
-        return {key: _strip_value(value) for key, value in tree.items()}
+        return {key: strip_value(value) for key, value in tree.items()}
     return tree
 
 

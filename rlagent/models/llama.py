@@ -205,7 +205,9 @@ def init_cache(config: PolicyConfig, batch: int, length: int) -> KVCache:
 
 
 class RMSNorm(nnx.Module):
-    """y = x / sqrt(mean(x^2) + eps) * w, computed in float32 (as HF Llama)."""
+    """y = x / sqrt(mean(x^2) + eps) * w, computed in float32 (as HF Llama), returned in
+    x's dtype: float32 master weights (`PolicyConfig.param_dtype`) are cast to the compute
+    dtype here, as a Linear casts its kernel, so bfloat16 activations stay bfloat16."""
 
     def __init__(self, dim: int, eps: float, param_dtype: jnp.dtype):
         self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
@@ -214,7 +216,7 @@ class RMSNorm(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return self.weight[...] * normed.astype(x.dtype)
+        return self.weight[...].astype(x.dtype) * normed.astype(x.dtype)
 
 
 def rope(

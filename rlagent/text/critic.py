@@ -21,7 +21,6 @@ import os
 from typing import Any
 from typing import NamedTuple
 
-import jax.numpy as jnp
 from flax import nnx
 
 from rlagent.models import checkpoint
@@ -61,18 +60,19 @@ class CheckedCritic(NamedTuple):
 
 def check_critic(config: CriticConfig, model: Any) -> CheckedCritic:
     """Checks the critic's checkpoint without reading a tensor: a folder the loader reads,
-    in the policy's dtype, with the policy's tokenizer (`model`: an AgentModel of
+    in the policy's dtypes (float32 master weights and AdamW moments under bfloat16 compute
+    by default, as the policy's), with the policy's tokenizer (`model`: an AgentModel of
     `rlagent.text.train`); a one-line error names the fault."""
     policy = model.checkpoint.config
     model_dir = os.path.abspath(config.model_dir) if config.model_dir else model.model_dir
-    if model_dir != model.model_dir:
-        if not os.path.isdir(model_dir):
-            raise CheckpointError(f"config.critic.model_dir={config.model_dir!r} is not a folder")
-        _check_same_tokenizer(model_dir, model)
+    if model_dir != model.model_dir and not os.path.isdir(model_dir):
+        raise CheckpointError(f"config.critic.model_dir={config.model_dir!r} is not a folder")
     found = checkpoint.read_checkpoint(
         model_dir, pad_id=policy.pad_id, param_dtype=policy.param_dtype, dtype=policy.dtype,
         remat=policy.remat,
     )  # fmt: skip
+    if model_dir != model.model_dir:
+        _check_same_tokenizer(model_dir, model)
     try:
         check_vocab(model.chat, found.config)
     except ChatTemplateError as error:
@@ -84,8 +84,8 @@ def load_critic(critic: CheckedCritic) -> tuple[nnx.GraphDef, nnx.State]:
     """`(graphdef, params)` of the checked critic (`ValueLM`, its value head at zero)."""
     config = critic.checkpoint.config
     module, _ = checkpoint.load_value_model(
-        critic.model_dir, dtype=jnp.dtype(config.param_dtype), pad_id=config.pad_id,
-        remat=config.remat,
+        critic.model_dir, dtype=config.param_dtype, compute_dtype=config.dtype,
+        pad_id=config.pad_id, remat=config.remat,
     )  # fmt: skip
     return nnx.split(module)
 

@@ -11,13 +11,16 @@ played by `group_size` episodes (`rlagent.text.loop`, keys `fold_in(key(seed), u
 reference's log-probs (the checkpoint as loaded, frozen) and the update
 (`rlagent.text.update`: rewards, the project's estimators, PPO-clip, KL to the reference;
 with a critic-based estimator, as PPO's default, a separate critic model of
-`rlagent.text.critic` trained beside the policy); one metric row and one checkpoint.
+`rlagent.text.critic` trained beside the policy); one metric row, and a checkpoint when
+one is due (`host_loop.CheckpointConfig`).
 Everything random is a function of (seed, update), so a resumed run (`--resume`: the
-policy, critic and optimiser states of the newest checkpoint) equals an uninterrupted one.
+policy, critic and optimiser states of the newest checkpoint; the updates after it are
+played again, their rows replaced) equals an uninterrupted one.
 The run folder is the host loop's (`rlagent.host.loop.open_run`, `run_files`): a non-empty
 folder refused without resume / overwrite, `provenance.json`, metrics.csv, Orbax
-checkpoints (step 0, the start, and the newest two), a non-finite loss stopping the run
-with `Diverged`.
+checkpoints (step 0, the start, and the newest `keep`, saved every `every` updates and
+after the last, asynchronously: `host_loop.CheckpointConfig`), a non-finite loss stopping
+the run with `Diverged`.
 
 With a mesh (`run_text(mesh=...)`, `rlagent.models.sharding.fsdp_mesh`) the policy, the
 reference and the optimiser state live in FSDP layout over its devices: the text loop's
@@ -27,10 +30,12 @@ update keeps its state sharded and splits the batch's episodes over every device
 An episode that outgrows the sampling sizes ends as truncated (`rlagent.text.loop`): the
 run goes on and the row's `truncated` column counts such episodes.
 
-`check_model` refuses, before anything is written, a folder that is no checkpoint the
-loader reads (`rlagent.models.checkpoint.read_checkpoint`), a tokenizer the folder lacks or
-one without a chat template (`rlagent.text.chat.make_chat`), and a vocabulary mismatch
-(`chat.check_vocab`).
+`check_model` refuses, before anything is written and in this order, a folder that is no
+checkpoint the loader reads (`rlagent.models.checkpoint.read_checkpoint`: config.json, its
+architecture, the safetensors), a tokenizer the folder lacks or one without a usable chat
+template (`rlagent.text.chat.make_chat`), and a vocabulary mismatch (`chat.check_vocab`).
+Parameters and AdamW's moments are float32 and the compute bfloat16 unless the caller
+asks otherwise (`check_dtypes`); the frozen reference is kept in the compute dtype.
 """
 
 from __future__ import annotations
@@ -223,27 +228,49 @@ def _bfcl_metrics(envs: list[bfcl.BFCLText]) -> dict[str, float]:
 
 
 def check_model(
-    model_dir: str, tools: tuple[dict, ...] | None, *, dtype: str = "float32",
-    end_token: str | None = None, pad_token: str | None = None, remat: bool = False,
-    enable_thinking: bool | None = None,
+    model_dir: str, tools: tuple[dict, ...] | None, *, dtype: str = "bfloat16",
+    param_dtype: str = "float32", end_token: str | None = None, pad_token: str | None = None,
+    remat: bool = False, enable_thinking: bool | None = None,
 ) -> AgentModel:  # fmt: skip
-    """Checks a local HF checkpoint folder (config.json, safetensors, tokenizer with a chat
-    template) without reading a tensor; one-line `ValueError`s name the fault."""
-    if dtype not in DTYPES:
-        raise ValueError(f"config.model.dtype must be one of {DTYPES}, got {dtype!r}")
+    """Checks a local HF checkpoint folder without reading a tensor, in the order a reader
+    expects: the folder, config.json and its architecture, the safetensors, then the
+    tokenizer, its chat template and the vocabulary; one-line `ValueError`s name the fault.
+
+    `dtype` is the compute dtype (activations, matmuls, the sampler's KV cache) and
+    `param_dtype` the trained parameters' and AdamW moments' (`check_dtypes`): by default
+    float32 master weights with bfloat16 compute."""
+    check_dtypes(dtype, param_dtype)
     if not os.path.isdir(model_dir):
         raise CheckpointError(f"--model_dir={model_dir!r} is not a folder")
+    found = checkpoint.read_checkpoint(
+        model_dir, param_dtype=param_dtype, dtype=dtype, remat=bool(remat)
+    )
     chat = make_chat(
         load_tokenizer(model_dir), tools=tools, end_token=end_token, pad_token=pad_token,
         enable_thinking=enable_thinking,
     )  # fmt: skip
-    found = checkpoint.read_checkpoint(
-        model_dir, pad_id=chat.pad_id, param_dtype=dtype, dtype=dtype, remat=bool(remat)
-    )
+    found = dataclasses.replace(found, config=dataclasses.replace(found.config, pad_id=chat.pad_id))
     check_vocab(chat, found.config)
     with open(os.path.join(model_dir, "config.json"), "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
     return AgentModel(os.path.abspath(model_dir), chat, found, digest)
+
+
+def check_dtypes(dtype: str, param_dtype: str) -> None:
+    """Refuses a precision the trainer does not offer. float32 parameters with bfloat16
+    compute (the default) keep master weights and AdamW's moments in float32, so that a
+    step smaller than a weight's bfloat16 spacing (about weight / 256) is not rounded
+    away; bfloat16 parameters halve the states' memory but lose such steps; float32 both
+    is the exact reference. bfloat16 parameters with float32 compute would round the
+    weights for no saving in the update, and are refused."""
+    for field, value in (("dtype", dtype), ("param_dtype", param_dtype)):
+        if value not in DTYPES:
+            raise ValueError(f"config.model.{field} must be one of {DTYPES}, got {value!r}")
+    if param_dtype == "bfloat16" and dtype == "float32":
+        raise ValueError(
+            "config.model.param_dtype='bfloat16' needs config.model.dtype='bfloat16' "
+            "(float32 compute of bfloat16 parameters saves nothing); use param_dtype='float32'"
+        )
 
 
 def run_text(
@@ -252,6 +279,7 @@ def run_text(
     overwrite: bool = False, tensorboard: bool = True, progress: bool = True,
     evaluation: EvalConfig = EvalConfig(), preference: Preference | None = None,
     mesh: jax.sharding.Mesh | None = None, critic: CriticConfig = CriticConfig(),
+    checkpoints: host_loop.CheckpointConfig = host_loop.CheckpointConfig(),
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Trains `config.num_updates` updates (module docstring); returns every metric row.
 
@@ -297,7 +325,7 @@ def run_text(
                    enable_thinking=model.chat.enable_thinking),
         seed=int(seed), algorithm=algorithm,
         mesh=None if mesh is None else dict(mesh.shape),
-        critic=None if checked is None else critic_record(checked),
+        critic=None if checked is None else critic_record(checked), checkpoint=checkpoints,
     )  # fmt: skip
     resume, record = host_loop.open_run(
         workdir, resolved, lr_schedule=config.lr_schedule, resume=resume, overwrite=overwrite
@@ -308,8 +336,9 @@ def run_text(
     )  # fmt: skip
     runs = [(algorithm or config.estimator, int(seed))]
     with host_loop.run_files(
-        workdir, run.init(params), runs, resume=resume, tensorboard=tensorboard
-    ) as files:
+        workdir, run.init(params), runs, resume=resume, tensorboard=tensorboard,
+        checkpoints=checkpoints,
+    ) as files:  # fmt: skip
         state, rows = files.state, list(files.rows)
         for update in range(files.done, config.num_updates):
             state, row = _one_update(run, state, update)
@@ -323,9 +352,11 @@ def run_text(
             rows.append(row)
             flags = {name: np.asarray([[row[name]]]) for name in NONFINITE_METRICS}
             host_loop.check_finite(flags, update, runs, files.manager, rows)
-            host_loop.save_state(files.manager, update + 1, state)
+            if checkpoints.due(update + 1, config.num_updates):
+                host_loop.save_state(files.manager, update + 1, state)
             if progress:
                 print(_progress_line(row, config.num_updates), flush=True)
+        host_loop.wait_for_saves(files.manager)
         updates = [files.done, max(files.done, config.num_updates)]
         provenance.write(workdir, provenance.finish({**record, "updates": updates}))
     return rows
@@ -362,9 +393,10 @@ def make_text_run(
     the critic of `critic` too (`rlagent.text.critic`, held by the TextRun)."""
     check_mesh(mesh, config, preference)
     checked = critic_of(config, critic, model, preference)
+    wanted = model.checkpoint.config
     llama, policy_config = checkpoint.load_pretrained(
-        model.model_dir, dtype=jnp.dtype(model.checkpoint.config.param_dtype),
-        pad_id=model.chat.pad_id, remat=model.checkpoint.config.remat,
+        model.model_dir, dtype=wanted.param_dtype, compute_dtype=wanted.dtype,
+        pad_id=model.chat.pad_id, remat=wanted.remat,
     )  # fmt: skip
     graphdef, params = nnx.split(llama)
     if mesh is not None:
@@ -382,11 +414,24 @@ def make_text_run(
             model.chat, graphdef, policy_config, dataclasses.replace(text_config, temperature=0.0)
         ),
         program=program,
-        reference=jax.tree.map(jnp.copy, params),  # the update donates the state.
+        reference=frozen_copy(params, policy_config.dtype),
         config=config, tasks=tasks, seed=int(seed), preference=preference,
         ref_score=None if preference is None else score, critic=critic_params,
     )  # fmt: skip
     return run, params
+
+
+def frozen_copy(params: nnx.State, dtype: str) -> nnx.State:
+    """A copy of `params` in the compute dtype `dtype`: the frozen reference. The forward
+    pass casts every parameter to that dtype where it is used, so a reference stored in
+    it scores as the float32 master weights do, in half their memory under bfloat16
+    compute; a copy, since the update donates the policy's state."""
+
+    def copy(leaf):
+        floating = jnp.issubdtype(leaf.dtype, jnp.floating)
+        return jnp.array(leaf, dtype=dtype if floating else leaf.dtype)
+
+    return jax.tree.map(copy, params)
 
 
 def critic_of(
