@@ -1,6 +1,6 @@
 """Helpers of the tests that load HF checkpoints (tests/test_models_checkpoint.py,
 tests/test_hf_agent.py): a hub-style checkpoint folder of random tensors, written with
-NumPy (no torch). Import it after `pytest.importorskip("safetensors")`."""
+NumPy (no torch). It needs safetensors (a dependency of rlagent)."""
 
 import json
 

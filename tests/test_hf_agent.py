@@ -12,28 +12,24 @@ import sys
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
+from model_helpers import write_checkpoint
+from text_helpers import assert_loss_mask_on_assistant_tokens
+from text_helpers import family_tokenizer
+from text_helpers import tiny_tokenizer
+from transformers import AutoTokenizer
 
-pytest.importorskip("transformers")
-pytest.importorskip("jinja2")
-pytest.importorskip("safetensors")
-import orbax.checkpoint as ocp  # noqa: E402
-from model_helpers import write_checkpoint  # noqa: E402
-from text_helpers import assert_loss_mask_on_assistant_tokens  # noqa: E402
-from text_helpers import family_tokenizer  # noqa: E402
-from text_helpers import tiny_tokenizer  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
-
-from experiments.configs.hf_agent import get_config  # noqa: E402
-from experiments.studies import hf_agent  # noqa: E402
-from rlagent.host.workdir import RunError  # noqa: E402
-from rlagent.models import PolicyConfig  # noqa: E402
-from rlagent.text import train as text_train  # noqa: E402
-from rlagent.text.chat import QWEN3_PREFIX_STABLE  # noqa: E402
-from rlagent.text.loop import TextLoop  # noqa: E402
-from rlagent.text.toolworld import _SYSTEM  # noqa: E402
-from rlagent.text.toolworld import make_toolworld_text  # noqa: E402
-from rlagent.train.evaluation import EvalConfig  # noqa: E402
+from experiments.configs.hf_agent import get_config
+from experiments.studies import hf_agent
+from rlagent.host.workdir import RunError
+from rlagent.models import PolicyConfig
+from rlagent.text import train as text_train
+from rlagent.text.chat import QWEN3_PREFIX_STABLE
+from rlagent.text.loop import TextLoop
+from rlagent.text.toolworld import _SYSTEM
+from rlagent.text.toolworld import make_toolworld_text
+from rlagent.train.evaluation import EvalConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Qwen2.5-shaped (q/k/v biases, tied embeddings), 768 embedding rows for the tokenizer's
@@ -409,7 +405,6 @@ def test_heldout_evaluation_plays_fixed_heldout_tasks_sampled_and_greedy(toolwor
 
 
 def test_bfcl_tasks_are_every_task_of_their_categories_over_several_tool_sets():
-    pytest.importorskip("bfcl_eval")
     from rlagent.text import bfcl
 
     tasks = text_train.bfcl_tasks("multi_turn_base,multi_turn_miss_func", max_turns=4)
@@ -431,7 +426,6 @@ def test_bfcl_tasks_are_every_task_of_their_categories_over_several_tool_sets():
 
 
 def test_grpo_on_one_bfcl_task(tmp_path_factory, tmp_path):
-    pytest.importorskip("bfcl_eval")
     from rlagent.text import bfcl
 
     env = bfcl.make_bfcl_text(BFCL_TASK, max_turns=1)
@@ -485,7 +479,6 @@ def test_the_launcher_trains_a_qwen3_checkpoint_on_every_bfcl_task(tmp_path_fact
     """Two updates drawing from the whole training split (each episode renders its own
     task's tools) with the official Qwen3 template, exit status 0: the leaderboard's
     accuracy and the truncated share are columns."""
-    pytest.importorskip("bfcl_eval")
     config = _config()
     config.env.bfcl.update(max_turns=1)
     _, _, tasks = hf_agent.build(config, "bfcl")

@@ -14,33 +14,29 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from text_helpers import CHATML
+from text_helpers import tiny_text_policy
+from text_helpers import tiny_tokenizer
 
-pytest.importorskip("transformers")
-pytest.importorskip("jinja2")  # apply_chat_template renders with it
-
-from text_helpers import CHATML  # noqa: E402
-from text_helpers import tiny_text_policy  # noqa: E402
-from text_helpers import tiny_tokenizer  # noqa: E402
-
-from rlagent.models import PolicyConfig  # noqa: E402
-from rlagent.models import ValueLM  # noqa: E402
-from rlagent.models.sampler import Generation  # noqa: E402
-from rlagent.text import ChatTemplateError  # noqa: E402
-from rlagent.text import TextConfig  # noqa: E402
-from rlagent.text import check_vocab  # noqa: E402
-from rlagent.text import fork  # noqa: E402
-from rlagent.text import make_chat  # noqa: E402
-from rlagent.text import make_text_loop  # noqa: E402
-from rlagent.text import to_trajectory  # noqa: E402
-from rlagent.text.guess import GUESS_TOOL  # noqa: E402
-from rlagent.text.guess import GuessNumber  # noqa: E402
-from rlagent.text.score import make_text_score  # noqa: E402
-from rlagent.text.score import make_text_values  # noqa: E402
-from rlagent.train.config import TrainConfig  # noqa: E402
-from rlagent.train.estimators import estimate_advantages  # noqa: E402
-from rlagent.train.ppo import episode_metrics  # noqa: E402
-from rlagent.train.rewards import turn_rewards  # noqa: E402
-from rlagent.types import token_view  # noqa: E402
+from rlagent.models import PolicyConfig
+from rlagent.models import ValueLM
+from rlagent.models.sampler import Generation
+from rlagent.text import ChatTemplateError
+from rlagent.text import TextConfig
+from rlagent.text import check_vocab
+from rlagent.text import fork
+from rlagent.text import make_chat
+from rlagent.text import make_text_loop
+from rlagent.text import to_trajectory
+from rlagent.text.guess import GUESS_TOOL
+from rlagent.text.guess import GuessNumber
+from rlagent.text.score import make_text_score
+from rlagent.text.score import make_text_values
+from rlagent.train.config import TrainConfig
+from rlagent.train.estimators import estimate_advantages
+from rlagent.train.ppo import episode_metrics
+from rlagent.train.rewards import turn_rewards
+from rlagent.types import token_view
 
 # Refuses the tool role, as templates of models without tool use do.
 NO_TOOL_ROLE = CHATML.replace(

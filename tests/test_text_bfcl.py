@@ -13,24 +13,20 @@ import time
 import jax
 import numpy as np
 import pytest
+from text_helpers import assert_loss_mask_on_assistant_tokens
+from text_helpers import tiny_text_policy
+from text_helpers import tiny_tokenizer
 
-pytest.importorskip("bfcl_eval")
-pytest.importorskip("transformers")
-pytest.importorskip("jinja2")
-from text_helpers import assert_loss_mask_on_assistant_tokens  # noqa: E402
-from text_helpers import tiny_text_policy  # noqa: E402
-from text_helpers import tiny_tokenizer  # noqa: E402
-
-from rlagent.text import TextConfig  # noqa: E402
-from rlagent.text import bfcl  # noqa: E402
-from rlagent.text import make_chat  # noqa: E402
-from rlagent.text import make_text_loop  # noqa: E402
-from rlagent.text.bfcl import bfcl_task_ids  # noqa: E402
-from rlagent.text.bfcl import make_bfcl_text  # noqa: E402
-from rlagent.text.bfcl import package_check  # noqa: E402
-from rlagent.text.bfcl import split_of  # noqa: E402
-from rlagent.text.toolcalls import tool_call_text  # noqa: E402
-from rlagent.train.ppo import episode_metrics  # noqa: E402
+from rlagent.text import TextConfig
+from rlagent.text import bfcl
+from rlagent.text import make_chat
+from rlagent.text import make_text_loop
+from rlagent.text.bfcl import bfcl_task_ids
+from rlagent.text.bfcl import make_bfcl_text
+from rlagent.text.bfcl import package_check
+from rlagent.text.bfcl import split_of
+from rlagent.text.toolcalls import tool_call_text
+from rlagent.train.ppo import episode_metrics
 
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param",
               "multi_turn_long_context")  # fmt: skip

@@ -9,27 +9,24 @@ import json
 import jax
 import numpy as np
 import pytest
+from text_helpers import CHATML
+from text_helpers import family_tokenizer
+from text_helpers import official_template
+from text_helpers import tiny_tokenizer
 
-pytest.importorskip("transformers")
-pytest.importorskip("jinja2")
-from text_helpers import CHATML  # noqa: E402
-from text_helpers import family_tokenizer  # noqa: E402
-from text_helpers import official_template  # noqa: E402
-from text_helpers import tiny_tokenizer  # noqa: E402
-
-from rlagent.models.sampler import Generation  # noqa: E402
-from rlagent.text import ChatTemplateError  # noqa: E402
-from rlagent.text import TextConfig  # noqa: E402
-from rlagent.text import TextLoop  # noqa: E402
-from rlagent.text import make_chat  # noqa: E402
-from rlagent.text.chat import OWN_TEMPLATE  # noqa: E402
-from rlagent.text.chat import QWEN3_PREFIX_STABLE  # noqa: E402
-from rlagent.text.chat import check_prefix_stable  # noqa: E402
-from rlagent.text.chat import shipped_template  # noqa: E402
-from rlagent.text.guess import GUESS_TOOL  # noqa: E402
-from rlagent.text.guess import GuessNumber  # noqa: E402
-from rlagent.text.toolcalls import ToolCall  # noqa: E402
-from rlagent.text.toolcalls import parse_tool_calls  # noqa: E402
+from rlagent.models.sampler import Generation
+from rlagent.text import ChatTemplateError
+from rlagent.text import TextConfig
+from rlagent.text import TextLoop
+from rlagent.text import make_chat
+from rlagent.text.chat import OWN_TEMPLATE
+from rlagent.text.chat import QWEN3_PREFIX_STABLE
+from rlagent.text.chat import check_prefix_stable
+from rlagent.text.chat import shipped_template
+from rlagent.text.guess import GUESS_TOOL
+from rlagent.text.guess import GuessNumber
+from rlagent.text.toolcalls import ToolCall
+from rlagent.text.toolcalls import parse_tool_calls
 
 SHA256 = {
     "qwen3": "a55ee1b1660128b7098723e0abcd92caa0788061051c62d51cbe87d9cf1974d8",

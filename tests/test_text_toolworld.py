@@ -16,29 +16,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_envs_reference import _mixed_action
+from text_helpers import assert_loss_mask_on_assistant_tokens
+from text_helpers import tiny_text_policy
+from text_helpers import tiny_tokenizer
 
-pytest.importorskip("transformers")
-pytest.importorskip("jinja2")
-from test_envs_reference import _mixed_action  # noqa: E402
-from text_helpers import assert_loss_mask_on_assistant_tokens  # noqa: E402
-from text_helpers import tiny_text_policy  # noqa: E402
-from text_helpers import tiny_tokenizer  # noqa: E402
-
-from rlagent.envs.toolworld import Command  # noqa: E402
-from rlagent.envs.toolworld import StepType  # noqa: E402
-from rlagent.envs.toolworld import ToolWorld  # noqa: E402
-from rlagent.envs.toolworld import ToolWorldConfig  # noqa: E402
-from rlagent.envs.toolworld import dsl  # noqa: E402
-from rlagent.envs.toolworld import oracle_policy  # noqa: E402
-from rlagent.models.sampler import Generation  # noqa: E402
-from rlagent.text import TextConfig  # noqa: E402
-from rlagent.text import ToolWorldText  # noqa: E402
-from rlagent.text import make_chat  # noqa: E402
-from rlagent.text import make_text_loop  # noqa: E402
-from rlagent.text import make_toolworld_text  # noqa: E402
-from rlagent.text.toolworld import parse_turn  # noqa: E402
-from rlagent.text.toolworld import tool_call_text  # noqa: E402
-from rlagent.train.ppo import episode_metrics  # noqa: E402
+from rlagent.envs.toolworld import Command
+from rlagent.envs.toolworld import StepType
+from rlagent.envs.toolworld import ToolWorld
+from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.envs.toolworld import dsl
+from rlagent.envs.toolworld import oracle_policy
+from rlagent.models.sampler import Generation
+from rlagent.text import TextConfig
+from rlagent.text import ToolWorldText
+from rlagent.text import make_chat
+from rlagent.text import make_text_loop
+from rlagent.text import make_toolworld_text
+from rlagent.text.toolworld import parse_turn
+from rlagent.text.toolworld import tool_call_text
+from rlagent.train.ppo import episode_metrics
 
 # Levels 1 and 4 bound the rest (level 4 plays every tool); each config compiles its own
 # reset and replay, so levels 2 and 3 are left to the oracle loop test and the JAX twin's.

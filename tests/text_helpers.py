@@ -2,7 +2,7 @@
 with a ChatML template that renders tools, built locally, and a tiny random policy whose
 vocabulary (304 rows) pads the tokenizer's 300 tokens.
 
-Import it after `pytest.importorskip("transformers")` and `pytest.importorskip("jinja2")`.
+It needs transformers (with jinja2), which the test extra installs.
 """
 
 import os
