@@ -53,6 +53,7 @@ from rlagent.host import provenance
 from rlagent.models import checkpoint
 from rlagent.models import sharding
 from rlagent.models.hf import CheckpointError
+from rlagent.models.llama import parameter_count
 from rlagent.preference.dpo import DPOConfig
 from rlagent.preference.judges import judge_weights
 from rlagent.preference.judges import make_judge
@@ -102,6 +103,10 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
     "online_dpo": dict(estimator="grpo", num_epochs=1, num_minibatches=1),
 }
 DTYPES = ("float32", "bfloat16")
+# `check_model(remat=None)` rematerialises the blocks of checkpoints with more parameters:
+# a 0.5B model's update at BFCL lengths keeps every block's activations otherwise
+# (docs/benchmarks.md, memory).
+REMAT_ABOVE = 100_000_000
 # Episode metrics of each evaluation mode (NaN when the environment does not report one).
 EVAL_METRICS = ("success", "turns", "tokens", "malformed_rate")
 EVAL_MODES = ("sampled", "greedy")  # the loop's temperature, then temperature 0.
@@ -220,10 +225,11 @@ def _bfcl_set(category: str, split: str, anchor: str, tools, options: dict) -> T
 
 def check_model(
     model_dir: str, tools: tuple[dict, ...] | None, *, dtype: str = "float32",
-    end_token: str | None = None, pad_token: str | None = None, remat: bool = False,
+    end_token: str | None = None, pad_token: str | None = None, remat: bool | None = None,
 ) -> AgentModel:  # fmt: skip
     """Checks a local HF checkpoint folder (config.json, safetensors, tokenizer with a chat
-    template) without reading a tensor; one-line `ValueError`s name the fault."""
+    template) without reading a tensor; one-line `ValueError`s name the fault. `remat`
+    None: rematerialise the decoder blocks of a model above `REMAT_ABOVE` parameters."""
     if dtype not in DTYPES:
         raise ValueError(f"config.model.dtype must be one of {DTYPES}, got {dtype!r}")
     if not os.path.isdir(model_dir):
@@ -234,6 +240,8 @@ def check_model(
     found = checkpoint.read_checkpoint(
         model_dir, pad_id=chat.pad_id, param_dtype=dtype, dtype=dtype, remat=bool(remat)
     )
+    if remat is None and parameter_count(found.config) > REMAT_ABOVE:
+        found = dataclasses.replace(found, config=dataclasses.replace(found.config, remat=True))
     check_vocab(chat, found.config)
     with open(os.path.join(model_dir, "config.json"), "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
@@ -425,6 +433,11 @@ def check_mesh(
             f"config.mesh: {mesh.size} devices do not divide a minibatch of {rows} episodes "
             f"(train.num_groups x group_size / num_minibatches = {config.num_groups} x "
             f"{config.group_size} / {config.num_minibatches})."
+        )
+    if config.micro_batch_size is not None and config.micro_batch_size % mesh.size:
+        raise ValueError(
+            f"config.mesh: {mesh.size} devices do not divide a micro-batch of "
+            f"train.micro_batch_size = {config.micro_batch_size} episodes."
         )
 
 
