@@ -13,7 +13,8 @@ arguments (`jax.ShapeDtypeStruct`, parameters from `nnx.eval_shape`):
   pass (gradient accumulation), the state donated;
 * `rollout`: one turn of the text loop (`rlagent.text.loop.make_text_loop`'s sampler:
   prefill of a `max_prompt_len` prompt and `max_new_tokens` cached decoding steps) for
-  every episode of the batch at once.
+  each of `--rollout_episodes` episodes at once (the loop calls it with every episode of
+  the batch).
 
 BFCL shapes: `--episodes` episodes of `--turns` turns, the first reading `--first_obs_len`
 template tokens (system prompt and tool schemas), later ones `--later_obs_len` (a tool's
@@ -76,7 +77,10 @@ GIB = 2**30
 
 _MODELS = flags.DEFINE_list("models", list(MODELS), "Models of MODELS to compile.")
 _LAYERS = flags.DEFINE_integer("layers", None, "Compile with this many layers (default all).")
-_EPISODES = flags.DEFINE_integer("episodes", 32, "Episodes of a batch.")
+_EPISODES = flags.DEFINE_integer("episodes", 32, "Episodes of a batch (the update's).")
+_ROLLOUT_EPISODES = flags.DEFINE_list(
+    "rollout_episodes", ["32", "16"], "Episodes of one sampler call, each compiled."
+)
 _TURNS = flags.DEFINE_integer("turns", 16, "Turns per episode (S).")
 _TURN_LEN = flags.DEFINE_integer("turn_len", 128, "Generated tokens per turn (L).")
 _FIRST_OBS = flags.DEFINE_integer("first_obs_len", 4096, "Template tokens of the first turn.")
@@ -92,7 +96,7 @@ _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the results here.")
 def main(argv):
     del argv
     settings = {name: flags.FLAGS[name].value for name in (
-        "models", "layers", "episodes", "turns", "turn_len", "first_obs_len",
+        "models", "layers", "episodes", "rollout_episodes", "turns", "turn_len", "first_obs_len",
         "later_obs_len", "transcript_len", "micro_batch_size", "attention_block",
         "vocab_block", "remat")}  # fmt: skip
     record = provenance.collect(settings)
@@ -122,14 +126,18 @@ def model_memory(name: str) -> dict:
     """Peak bytes of both programs compiled for the model at its full depth."""
     config = policy_config(name)
     out = {"parameters": parameter_count(config), "num_layers": config.num_layers}
-    for program in ("update", "rollout"):
-        out[program] = compile_memory(config, program)
-        print(name, program, json.dumps(out[program]), flush=True)
+    out["update"] = compile_memory(config, "update", _EPISODES.value)
+    print(name, "update", json.dumps(out["update"]), flush=True)
+    out["rollout"] = {}
+    for episodes in _ROLLOUT_EPISODES.value:
+        out["rollout"][episodes] = compile_memory(config, "rollout", int(episodes))
+        print(name, "rollout", episodes, json.dumps(out["rollout"][episodes]), flush=True)
     return out
 
 
-def compile_memory(config: PolicyConfig, program: str) -> dict:
-    """`memory_analysis()` of `program` ('update' or 'rollout') compiled for `config`."""
+def compile_memory(config: PolicyConfig, program: str, episodes: int) -> dict:
+    """`memory_analysis()` of `program` ('update' or 'rollout') compiled for `config` and
+    a batch of `episodes`."""
     began = time.perf_counter()
     graphdef, params = abstract_model(config)
     chat = ChatFormat(None, end_id=END_ID, pad_id=PAD_ID, vocab_size=TOKENIZER_SIZE)
@@ -140,18 +148,18 @@ def compile_memory(config: PolicyConfig, program: str) -> dict:
     if program == "update":
         score = make_text_score(chat, graphdef, config, text)
         train = TrainConfig(
-            num_groups=_EPISODES.value // 8, group_size=8, reward="outcome", estimator="grpo",
+            num_groups=episodes // 8, group_size=8, reward="outcome", estimator="grpo",
             num_epochs=1, num_minibatches=1, micro_batch_size=_MICRO.value, entropy_coef=0.0,
             kl_placement="loss", kl_coef=0.02, learning_rate=1e-6,
         )  # fmt: skip
         update = make_text_update(train, score)
-        trajectory = abstract_trajectory(chat, text)
+        trajectory = abstract_trajectory(chat, text, episodes)
         state = jax.eval_shape(update.init, params)
         ref_logp = jax.ShapeDtypeStruct(trajectory.logp.shape, jnp.float32)
         lowered = update.update.lower(state, trajectory, ref_logp)
     else:
         loop = make_text_loop(chat, graphdef, config, text)
-        batch, prompt = _EPISODES.value, text.max_prompt_len
+        batch, prompt = episodes, text.max_prompt_len
         lowered = loop.sample.lower(
             params, jax.ShapeDtypeStruct((batch, prompt), jnp.int32),
             jax.ShapeDtypeStruct((batch, prompt), bool),
@@ -178,10 +186,10 @@ def abstract_model(config: PolicyConfig):
     return graphdef, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
 
 
-def abstract_trajectory(chat: ChatFormat, text: TextConfig):
+def abstract_trajectory(chat: ChatFormat, text: TextConfig, episodes: int):
     """The shapes of a text-loop Trajectory of the BFCL batch (`text_trajectory`)."""
     trajectory = text_trajectory(
-        np.random.default_rng(0), batch=_EPISODES.value, turns=_TURNS.value,
+        np.random.default_rng(0), batch=episodes, turns=_TURNS.value,
         obs_len=_FIRST_OBS.value, turn_len=_TURN_LEN.value, tokenizer_size=TOKENIZER_SIZE,
         chat=chat, later_obs_len=_LATER_OBS.value,
     )  # fmt: skip
@@ -191,8 +199,9 @@ def abstract_trajectory(chat: ChatFormat, text: TextConfig):
 
 def _headline(result: dict) -> dict:
     line = {"parameters": result["parameters"]}
-    for program in ("update", "rollout"):
-        line[f"{program}_gib"] = round(result[program]["peak_bytes"] / GIB, 2)
+    line["update_gib"] = round(result["update"]["peak_bytes"] / GIB, 2)
+    for episodes, rollout in result["rollout"].items():
+        line[f"rollout_{episodes}_gib"] = round(rollout["peak_bytes"] / GIB, 2)
     return line
 
 
