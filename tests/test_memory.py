@@ -270,3 +270,29 @@ def test_parameter_count_is_the_checkpoints():
     assert parameter_count(QWEN25_05B) == 494_032_768
     lm = Llama(SMALL, rngs=nnx.Rngs(0))
     assert parameter_count(SMALL) == sum(x.size for x in jax.tree.leaves(nnx.state(lm)))
+
+
+def test_bench_memory_compiles_and_writes_its_table(tmp_path):
+    """experiments.bench_memory at smoke shapes (one layer, 8 episodes of 2 turns of 16
+    tokens): both programs compile and report peak = arguments + outputs - aliased + temp."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "memory.json"
+    command = [
+        sys.executable, "-m", "experiments.bench_memory", "--models=Qwen2.5-0.5B",
+        "--layers=1", "--episodes=8", "--rollout_episodes=8", "--turns=2",
+        "--first_obs_len=64", "--later_obs_len=16", "--turn_len=16", "--transcript_len=256",
+        f"--json_out={out}",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, cwd=root, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())["models"]["Qwen2.5-0.5B"]
+    for program in (result["update"], result["rollout"]["8"]):
+        parts = program["argument_bytes"] + program["output_bytes"] - program["alias_bytes"]
+        assert program["peak_bytes"] == parts + program["temp_bytes"] > 0
+    # The update donates its state: the parameters and AdamW's moments are aliased.
+    assert result["update"]["alias_bytes"] > 3 * 2 * result["parameters"] * 0.9
