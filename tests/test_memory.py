@@ -296,3 +296,17 @@ def test_bench_memory_compiles_and_writes_its_table(tmp_path):
         assert program["peak_bytes"] == parts + program["temp_bytes"] > 0
     # The update donates its state: the parameters and AdamW's moments are aliased.
     assert result["update"]["alias_bytes"] > 3 * 2 * result["parameters"] * 0.9
+
+
+def test_blockwise_attention_keeps_parity_with_transformers():
+    """Blocks of 4 queries over 2 x 11 tokens: the logits equal transformers' Llama of the
+    same weights to 1e-5, the tolerance of `test_models.py`'s parity test."""
+    torch = pytest.importorskip("torch")
+    from rlagent.models import hf
+
+    lm = Llama(dataclasses.replace(SMALL, attention_block=4), rngs=nnx.Rngs(0))
+    tokens = np.random.RandomState(0).randint(0, SMALL.vocab_size, (2, 11))
+    with torch.no_grad():
+        reference = hf.to_hf_model(lm)(torch.from_numpy(tokens)).logits.numpy()
+    hidden, _ = lm(lm.embed(jnp.asarray(tokens)), jnp.ones(tokens.shape, bool))
+    np.testing.assert_allclose(lm.logits(hidden), reference, atol=1e-5)
