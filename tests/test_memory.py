@@ -310,3 +310,28 @@ def test_blockwise_attention_keeps_parity_with_transformers():
         reference = hf.to_hf_model(lm)(torch.from_numpy(tokens)).logits.numpy()
     hidden, _ = lm(lm.embed(jnp.asarray(tokens)), jnp.ones(tokens.shape, bool))
     np.testing.assert_allclose(lm.logits(hidden), reference, atol=1e-5)
+
+
+def test_check_model_rematerialises_checkpoints_above_the_threshold(tmp_path, monkeypatch):
+    """`check_model(remat=None)`: off for a checkpoint of at most `REMAT_ABOVE` parameters,
+    on above it (the threshold lowered to the tiny checkpoint's size); an explicit
+    `remat=False` or `True` is kept."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("safetensors")
+    from model_helpers import write_checkpoint
+    from text_helpers import tiny_tokenizer
+
+    from rlagent.text import train as text_train
+
+    config = PolicyConfig(vocab_size=768, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                          mlp_dim=64, qkv_bias=True, tie_embeddings=True)  # fmt: skip
+    tiny_tokenizer(vocab_size=768).save_pretrained(tmp_path)
+    write_checkpoint(tmp_path, config)
+    size = parameter_count(config)
+    assert not text_train.check_model(str(tmp_path), None).checkpoint.config.remat
+    monkeypatch.setattr(text_train, "REMAT_ABOVE", size - 1)
+    assert text_train.check_model(str(tmp_path), None).checkpoint.config.remat
+    assert not text_train.check_model(str(tmp_path), None, remat=False).checkpoint.config.remat
+    monkeypatch.setattr(text_train, "REMAT_ABOVE", size)
+    assert text_train.check_model(str(tmp_path), None, remat=True).checkpoint.config.remat
+    assert not text_train.check_model(str(tmp_path), None).checkpoint.config.remat
