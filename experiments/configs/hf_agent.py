@@ -55,8 +55,9 @@ def get_config() -> ml_collections.ConfigDict:
     # think block); None = not passed, the template's default.
     config.model.enable_thinking = config_dict.placeholder(bool)
     # Recompute each decoder block in the backward pass: the update keeps one block's
-    # attention weights at a time instead of every block's (docs/text.md, memory).
-    config.model.remat = False
+    # activations at a time instead of every block's (docs/text.md, memory). Unset: on
+    # for checkpoints above 100M parameters (rlagent.text.train.REMAT_ABOVE).
+    config.model.remat = config_dict.placeholder(bool)
 
     # FSDP over local devices (rlagent.models.sharding): devices 0 = one device, no mesh;
     # N = the first N local devices, -1 = all; `data` rows of them (data parallel).

@@ -80,6 +80,13 @@ class PolicyConfig:
     # only the blocks' inputs and recomputes one block's activations (its attention weights
     # included) at a time, for one more forward pass of compute. Same numbers either way.
     remat: bool = False
+    # Queries per attention block: a chunk longer than this attends block by block under
+    # `jax.checkpoint`, so no [H, T, T] score tensor exists at once (forward or backward),
+    # only [H, block, T]; exact, the same softmax per query. None = one block.
+    attention_block: int | None = 256
+    # Vocabulary columns per tile of the teacher-forced log-probs (`sampler.token_log_probs`):
+    # one [N, tile] float32 block of logits at a time instead of [N, V]. None = one tile.
+    vocab_block: int | None = 8192
 
     def __post_init__(self):
         positive = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "mlp_dim",
@@ -88,8 +95,10 @@ class PolicyConfig:
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"PolicyConfig.{name} must be an integer >= 1, got "
                                  f"{getattr(self, name)!r}")  # fmt: skip
-        if self.head_dim is not None and (not isinstance(self.head_dim, int) or self.head_dim < 1):
-            raise ValueError(f"PolicyConfig.head_dim must be None or >= 1, got {self.head_dim!r}")
+        for name in ("head_dim", "attention_block", "vocab_block"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"PolicyConfig.{name} must be None or >= 1, got {value!r}")
         if not 0 <= self.pad_id < self.vocab_size:
             raise ValueError(f"PolicyConfig.pad_id must be in [0, vocab_size), got {self.pad_id}")
         if not (self.norm_eps > 0 and self.rope_theta > 0):  # also rejects NaN.
@@ -292,6 +301,7 @@ class Attention(nnx.Module):
         self.head_dim = hd
         self.rope_theta = config.rope_theta
         self.rope_scaling = config.rope_scaling_params
+        self.attention_block = config.attention_block
 
     def __call__(
         self,
@@ -348,18 +358,68 @@ class Attention(nnx.Module):
             k, v = cache_k[layer], cache_v[layer]
         groups = self.num_heads // self.num_kv_heads
         q = q.reshape(batch, length, self.num_kv_heads, groups, self.head_dim)
-        q = q.transpose(0, 2, 3, 1, 4).reshape(batch, self.num_kv_heads, groups * length, -1)
-        scores = jnp.einsum("bkqd,bkds->bkqs", q, k, preferred_element_type=jnp.float32)
-        scores = scores.reshape(batch, self.num_kv_heads, groups, length, -1)
-        scores = scores / jnp.sqrt(jnp.float32(self.head_dim))
-        allowed = (key_slots[None, None, :] <= slots[None, :, None]) & key_valid[:, None, :]
-        scores = jnp.where(allowed[:, None, None], scores, NEG_INF)
-        weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        weights = weights.reshape(batch, self.num_kv_heads, groups * length, -1)
-        out = jnp.einsum("bkqs,bksd->bkqd", weights, v)  # [B, H_kv, G T, d]
-        out = out.reshape(batch, self.num_kv_heads, groups, length, self.head_dim)
+        q = q.transpose(0, 2, 3, 1, 4)  # [B, H_kv, G, T, d]
+        out = attend(q, k, v, slots, key_slots, key_valid, block=self.attention_block)
         out = out.transpose(0, 3, 1, 2, 4).reshape(batch, length, self.num_heads * self.head_dim)
         return self.o_proj(out), new_keys
+
+
+def attend(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    slots: jax.Array,
+    key_slots: jax.Array,
+    key_valid: jax.Array,
+    *,
+    block: int | None = None,
+) -> jax.Array:
+    """softmax(q k / sqrt(d) masked) v, a query at slot i seeing the valid keys at slots <= i.
+
+    A chunk of more than `block` queries runs as a `lax.scan` over blocks of `block`
+    queries, each under `jax.checkpoint`: the float32 scores of one block, [B, H, block,
+    T_k], exist at a time, in the forward pass and in the backward (which recomputes
+    them), never [B, H, T, T_k]. Every query's softmax is the dense one's.
+
+    Args:
+      q: [B, H_kv, G, T, d] queries (G query heads share a key/value head).
+      k: [B, H_kv, d, T_k] keys; v: [B, H_kv, T_k, d] values.
+      slots: [T] the queries' slots; key_slots: [T_k]; key_valid: [B, T_k] bool.
+    Returns:
+      [B, H_kv, G, T, d] attention outputs in v's dtype.
+    """
+    length = q.shape[3]
+    if block is None or length <= block:
+        return _dense_attention(q, k, v, slots, key_slots, key_valid)
+    count = -(-length // block)
+    pad = count * block - length  # padded queries (slot 0) are computed, then dropped.
+    q = jnp.pad(q, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
+    slot_blocks = jnp.pad(jnp.asarray(slots), (0, pad)).reshape(count, block)
+    q_blocks = jnp.moveaxis(q.reshape(*q.shape[:3], count, block, q.shape[-1]), 3, 0)
+
+    @jax.checkpoint
+    def one_block(_, inputs):
+        q_block, block_slots = inputs
+        return None, _dense_attention(q_block, k, v, block_slots, key_slots, key_valid)
+
+    _, out = jax.lax.scan(one_block, None, (q_blocks, slot_blocks))  # [n, B, H_kv, G, b, d]
+    out = jnp.moveaxis(out, 0, 3).reshape(*out.shape[1:4], count * block, out.shape[-1])
+    return out[:, :, :, :length]
+
+
+def _dense_attention(q, k, v, slots, key_slots, key_valid):
+    """`attend` in one block: the [B, H_kv, G T, T_k] float32 scores at once."""
+    batch, kv_heads, groups, length, dim = q.shape
+    q = q.reshape(batch, kv_heads, groups * length, dim)
+    scores = jnp.einsum("bkqd,bkds->bkqs", q, k, preferred_element_type=jnp.float32)
+    scores = scores.reshape(batch, kv_heads, groups, length, -1)
+    scores = scores / jnp.sqrt(jnp.float32(dim))
+    allowed = (key_slots[None, None, :] <= slots[None, :, None]) & key_valid[:, None, :]
+    scores = jnp.where(allowed[:, None, None], scores, NEG_INF)
+    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    weights = weights.reshape(batch, kv_heads, groups * length, -1)
+    out = jnp.einsum("bkqs,bksd->bkqd", weights, v)  # [B, H_kv, G T, d]
+    return out.reshape(batch, kv_heads, groups, length, dim)
 
 
 class MLP(nnx.Module):
@@ -442,6 +502,14 @@ class Llama(nnx.Module):
             out = self.lm_head(hidden)
         return out.astype(jnp.float32)
 
+    def head(self) -> jax.Array:
+        """[D, V] the LM head's matrix (the token embedding's transpose when tied)."""
+        if not self.has_lm_head:
+            raise ValueError("this Llama was built with lm_head=False (a critic trunk)")
+        if self.lm_head is None:
+            return self.embed_tokens.embedding[...].T
+        return self.lm_head.kernel[...]
+
     def __call__(
         self,
         x: jax.Array,
@@ -511,6 +579,13 @@ class Llama(nnx.Module):
         if cache is None:
             return hidden, None
         return hidden, KVCache(k=cache_k, v=cache_v, valid=all_valid)
+
+
+def parameter_count(config: PolicyConfig, *, lm_head: bool = True) -> int:
+    """Parameters of `Llama(config)` from abstract shapes (nothing is allocated); a tied
+    embedding counts once."""
+    abstract = nnx.eval_shape(lambda: Llama(config, lm_head=lm_head, rngs=nnx.Rngs(0)))
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
 
 
 def _remat_block(layer, x, slots, key_slots, key_valid, read):

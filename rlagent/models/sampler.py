@@ -48,6 +48,72 @@ def policy_log_probs(
     return jax.nn.log_softmax(scaled, axis=-1)
 
 
+def token_log_probs(
+    hidden: jax.Array,
+    head: jax.Array,
+    tokens: jax.Array,
+    *,
+    temperature: float,
+    mask: jax.Array | None = None,
+    block: int | None = 8192,
+) -> jax.Array:
+    """log pi(token) of `policy_log_probs` (logits = hidden @ head) without [..., V] logits.
+
+        log pi(a) = z_a - logsumexp_v z_v,        z = (hidden @ head) / tau + mask
+
+    The log-sum-exp runs over tiles of `block` vocabulary columns (a `lax.scan` with a
+    running maximum and sum, Milakov & Gimelshein 2018, "Online normalizer calculation for
+    softmax"), each tile under `jax.checkpoint`: the forward and the backward pass hold one
+    [N, block] float32 tile of logits, never [N, V]. The logits are rounded to the head's
+    dtype as `Llama.logits` computes them (a bfloat16 matmul's output), so a bfloat16 model
+    scores what it sampled.
+
+    Args:
+      hidden: [..., D] final hidden states.
+      head: [D, V] the LM head (`Llama.head`).
+      tokens: [...] int ids whose log-probs are taken.
+      temperature: tau > 0; 0 (greedy) is scored at tau = 1.
+      mask: optional [V] additive mask (0 allowed, <= NEG_INF banned).
+      block: vocabulary columns per tile; None = all V at once.
+    Returns:
+      [...] float32 log pi(tokens).
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    chex.assert_equal_shape_prefix([hidden, tokens], tokens.ndim)
+    dim, vocab = head.shape
+    tau = temperature if temperature > 0 else 1.0
+    block = vocab if block is None else min(block, vocab)
+    count = -(-vocab // block)
+    pad = count * block - vocab  # padded columns are banned (NEG_INF), so they add 0.
+    bias = jnp.zeros((vocab,), jnp.float32) if mask is None else mask.astype(jnp.float32)
+    bias = jnp.pad(jnp.maximum(bias, NEG_INF), (0, pad), constant_values=NEG_INF)
+    flat = hidden.reshape(-1, dim).astype(head.dtype)
+    ids = tokens.reshape(-1)
+
+    def logits(columns, columns_bias):  # [D, n] -> [N, n] float32 z of those columns.
+        raw = jnp.dot(flat, columns, preferred_element_type=jnp.float32)
+        return raw.astype(head.dtype).astype(jnp.float32) / tau + columns_bias
+
+    @jax.checkpoint
+    def tile(carry, inputs):
+        running_max, running_sum = carry
+        z = logits(*inputs)
+        # A maximum without gradient: logsumexp = m + log sum exp(z - m) for any m.
+        new_max = jax.lax.stop_gradient(jnp.maximum(running_max, jnp.max(z, axis=-1)))
+        running_sum = running_sum * jnp.exp(running_max - new_max) + jnp.sum(
+            jnp.exp(z - new_max[:, None]), axis=-1
+        )
+        return (new_max, running_sum), None
+
+    columns = jnp.pad(head, ((0, 0), (0, pad))).reshape(dim, count, block).transpose(1, 0, 2)
+    start = (jnp.full(ids.shape, NEG_INF, jnp.float32), jnp.zeros(ids.shape, jnp.float32))
+    (top, total), _ = jax.lax.scan(tile, start, (columns, bias.reshape(count, block)))
+    chosen = jnp.einsum("nd,nd->n", flat, head.T[ids], preferred_element_type=jnp.float32)
+    chosen = chosen.astype(head.dtype).astype(jnp.float32) / tau + bias[ids]
+    return (chosen - top - jnp.log(total)).reshape(tokens.shape)
+
+
 def entropy_from_log_probs(log_probs: jax.Array) -> jax.Array:
     """H = -sum_a p_a log p_a over the last axis ([..., V] -> [...])."""
     return -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)

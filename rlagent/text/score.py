@@ -31,7 +31,7 @@ from flax import nnx
 from rlagent.models.llama import PolicyConfig
 from rlagent.models.sampler import allowed_to_mask
 from rlagent.models.sampler import as_llama
-from rlagent.models.sampler import policy_log_probs
+from rlagent.models.sampler import token_log_probs
 from rlagent.text.chat import ChatFormat
 from rlagent.text.loop import TextConfig
 from rlagent.types import Trajectory
@@ -49,11 +49,13 @@ def make_text_score(
     def score(params: nnx.State, trajectory: Trajectory) -> jax.Array:
         lm = as_llama(nnx.merge(graphdef, params))
         packed, hidden = _packed_hidden(lm, trajectory, chat.pad_id, config.transcript_len)
-        log_pi = policy_log_probs(
-            lm.logits(hidden[:, :-1]), temperature=config.temperature, mask=logits_mask
-        )
-        token_logp = jnp.take_along_axis(log_pi, packed.tokens[:, 1:, None], axis=-1)[..., 0]
-        return packed.generated(token_logp, trajectory)
+        reading, targets, generated = packed.predictors(trajectory)
+        hidden = jnp.take_along_axis(hidden, reading[..., None], axis=1)  # [B, N, D]
+        token_logp = token_log_probs(
+            hidden, lm.head(), targets, temperature=config.temperature, mask=logits_mask,
+            block=policy_config.vocab_block,
+        )  # fmt: skip
+        return packed.generated(packed.scatter(reading, token_logp, generated), trajectory)
 
     return score
 
@@ -83,6 +85,22 @@ class Packed(NamedTuple):
     tokens: jax.Array  # [B, W] int32.
     loss_mask: jax.Array  # [B, T] bool: the token_view's generated positions.
     fits: jax.Array  # [B] bool: the row's transcript has at most W tokens.
+
+    def predictors(self, trajectory: Trajectory) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """`(reading, targets, generated)` `[B, N]`, N = min(S * L, W - 1): the packed
+        positions whose hidden state predicts a generated id (front-packed, in order), the
+        ids they predict, and which of the N are real (a row generates at most S * L ids)."""
+        generated = jnp.take_along_axis(self.loss_mask, self.order, axis=1)[:, 1:]  # [B, W-1]
+        count = min(trajectory.action_tokens[0].size, generated.shape[1])
+        reading = jnp.argsort(~generated, axis=1, stable=True)[:, :count]
+        targets = jnp.take_along_axis(self.tokens[:, 1:], reading, axis=1)
+        return reading, targets, jnp.take_along_axis(generated, reading, axis=1)
+
+    def scatter(self, reading: jax.Array, values: jax.Array, generated: jax.Array) -> jax.Array:
+        """`[B, N]` values at `predictors`' positions -> `[B, W - 1]` (0 elsewhere)."""
+        rows = jnp.arange(reading.shape[0])[:, None]
+        out = jnp.zeros((reading.shape[0], self.order.shape[1] - 1), values.dtype)
+        return out.at[rows, reading].set(jnp.where(generated, values, 0.0))
 
     def generated(self, predicted: jax.Array, trajectory: Trajectory) -> jax.Array:
         """`[B, W - 1]` predictions made at packed positions 0..W-2 (each of the token

@@ -61,6 +61,7 @@ from rlagent.host import provenance
 from rlagent.models import checkpoint
 from rlagent.models import sharding
 from rlagent.models.hf import CheckpointError
+from rlagent.models.llama import parameter_count
 from rlagent.preference.dpo import DPOConfig
 from rlagent.preference.judges import judge_weights
 from rlagent.preference.judges import make_judge
@@ -110,6 +111,10 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
     "online_dpo": dict(estimator="grpo", num_epochs=1, num_minibatches=1),
 }
 DTYPES = ("float32", "bfloat16")
+# `check_model(remat=None)` rematerialises the blocks of checkpoints with more parameters:
+# a 0.5B model's update at BFCL lengths keeps every block's activations otherwise
+# (docs/benchmarks.md, memory).
+REMAT_ABOVE = 100_000_000
 # Episode metrics of each evaluation mode (NaN when the environment does not report one).
 EVAL_METRICS = ("success", "turns", "tokens", "malformed_rate")
 EVAL_MODES = ("sampled", "greedy")  # the loop's temperature, then temperature 0.
@@ -230,7 +235,7 @@ def _bfcl_metrics(envs: list[bfcl.BFCLText]) -> dict[str, float]:
 def check_model(
     model_dir: str, tools: tuple[dict, ...] | None, *, dtype: str = "bfloat16",
     param_dtype: str = "float32", end_token: str | None = None, pad_token: str | None = None,
-    remat: bool = False, enable_thinking: bool | None = None,
+    remat: bool | None = None, enable_thinking: bool | None = None,
 ) -> AgentModel:  # fmt: skip
     """Checks a local HF checkpoint folder without reading a tensor, in the order a reader
     expects: the folder, config.json and its architecture, the safetensors, then the
@@ -238,7 +243,8 @@ def check_model(
 
     `dtype` is the compute dtype (activations, matmuls, the sampler's KV cache) and
     `param_dtype` the trained parameters' and AdamW moments' (`check_dtypes`): by default
-    float32 master weights with bfloat16 compute."""
+    float32 master weights with bfloat16 compute. `remat` None: rematerialise the decoder
+    blocks of a model above `REMAT_ABOVE` parameters."""
     check_dtypes(dtype, param_dtype)
     if not os.path.isdir(model_dir):
         raise CheckpointError(f"--model_dir={model_dir!r} is not a folder")
@@ -250,6 +256,8 @@ def check_model(
         enable_thinking=enable_thinking,
     )  # fmt: skip
     found = dataclasses.replace(found, config=dataclasses.replace(found.config, pad_id=chat.pad_id))
+    if remat is None and parameter_count(found.config) > REMAT_ABOVE:
+        found = dataclasses.replace(found, config=dataclasses.replace(found.config, remat=True))
     check_vocab(chat, found.config)
     with open(os.path.join(model_dir, "config.json"), "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
@@ -484,6 +492,11 @@ def check_mesh(
             f"config.mesh: {mesh.size} devices do not divide a minibatch of {rows} episodes "
             f"(train.num_groups x group_size / num_minibatches = {config.num_groups} x "
             f"{config.group_size} / {config.num_minibatches})."
+        )
+    if config.micro_batch_size is not None and config.micro_batch_size % mesh.size:
+        raise ValueError(
+            f"config.mesh: {mesh.size} devices do not divide a micro-batch of "
+            f"train.micro_batch_size = {config.micro_batch_size} episodes."
         )
 
 

@@ -21,7 +21,11 @@ separate critic model (`rlagent.text.score.make_text_values` of a
 sampling time (`V_old`, computed once before the epochs) feed the estimator and the value
 clipping. Each call runs `num_epochs` passes over `num_minibatches` contiguous minibatches
 (a group's episodes stay together), one AdamW step of the policy and one of the critic
-each (`train.ppo.guarded_step`: a non-finite step leaves that state as it was). During
+each (`train.ppo.guarded_apply`: a non-finite step leaves that state as it was). With
+`micro_batch_size` a minibatch's gradient is accumulated over micro-batches of that many
+episodes (`_accumulated`: the same gradient, one step), and the reference's and the
+critic's V_old passes run micro-batch by micro-batch (`micro_mapped`), so the memory of
+a pass is set by the micro-batch, not the batch. During
 the first `critic_warmup` updates only the critic steps (the policy's step is discarded).
 
 With a mesh the parameters and optimiser states stay in their FSDP layout through the
@@ -45,7 +49,7 @@ from rlagent import losses
 from rlagent.models import sharding
 from rlagent.train.config import TrainConfig
 from rlagent.train.estimators import estimate_advantages
-from rlagent.train.ppo import guarded_step
+from rlagent.train.ppo import guarded_apply
 from rlagent.train.rewards import turn_rewards
 from rlagent.types import Trajectory
 from rlagent.types import action_rows
@@ -91,9 +95,9 @@ def make_text_update(
     Args:
       config: reads reward (and its weights), estimator and its settings, num_groups x
         group_size (= the batch's episodes, for grouped estimators), num_epochs,
-        num_minibatches, clip_low / clip_high / dual_clip, agg, kl_placement / kl_kind /
-        kl_coef, learning_rate, weight_decay, max_grad_norm, value_clip (`check_config`
-        says what is refused).
+        num_minibatches, micro_batch_size, clip_low / clip_high / dual_clip, agg,
+        kl_placement / kl_kind / kl_coef, learning_rate, weight_decay, max_grad_norm,
+        value_clip (`check_config` says what is refused).
       score: teacher-forced log-probs of the trajectory's generated ids, differentiable.
       values: `values(critic_params, trajectory) -> [B, S, L]` the critic's V at the
         generated ids, differentiable; required by a critic-based estimator and refused
@@ -114,8 +118,9 @@ def make_text_update(
     optimizer = optimizer or adamw(config, config.learning_rate)
     critic_optimizer = critic_optimizer or adamw(config, config.learning_rate)
     reference_mesh = mesh if reference_mesh is None else reference_mesh
-    loss = _make_loss(config, score)
-    value_loss = None if values is None else _make_value_loss(config, values)
+    micro = config.micro_batch_size
+    loss = _accumulated(_policy_objective(config), score, micro)
+    value_loss = None if values is None else _accumulated(_value_objective(config), values, micro)
 
     def init(params: nnx.State, critic: nnx.State | None = None) -> TextTrainState:
         if (critic is None) != (values is None):
@@ -127,13 +132,14 @@ def make_text_update(
 
     def reference(ref_params: nnx.State, trajectory: Trajectory) -> jax.Array:
         trajectory = sharding.constrain_batch(trajectory, reference_mesh)
-        return sharding.constrain_batch(score(ref_params, trajectory), reference_mesh)
+        ref_logp = micro_mapped(score, micro)(ref_params, trajectory)
+        return sharding.constrain_batch(ref_logp, reference_mesh)
 
     def update(state: TextTrainState, trajectory: Trajectory, ref_logp: jax.Array):
         trajectory, ref_logp = sharding.constrain_batch((trajectory, ref_logp), mesh)
         _check_batch(trajectory, config)
         if values is not None:  # V_old: the critic before this update's steps.
-            old = jax.lax.stop_gradient(values(state.critic, trajectory))
+            old = jax.lax.stop_gradient(micro_mapped(values, micro)(state.critic, trajectory))
             trajectory = trajectory._replace(values=jnp.where(trajectory.loss_mask, old, 0.0))
         rewards = turn_rewards(trajectory, config)
         kl_reward = jnp.zeros(trajectory.logp.shape, jnp.float32)
@@ -147,7 +153,8 @@ def make_text_update(
         def step(carry, minibatch):
             params, opt_state, critic, critic_opt_state = carry
             part, advantages, targets, part_ref = sharding.constrain_batch(minibatch, mesh)
-            stepped = guarded_step(loss, params, opt_state, optimizer, part, advantages, part_ref)
+            gradient = loss(params, part, advantages, part_ref)
+            stepped = guarded_apply(gradient, params, opt_state, optimizer)
             if critic_warmup:  # the policy steps once past the critic's warm-up.
                 learns = state.step >= critic_warmup
                 params, opt_state = _select(learns, stepped[:2], (params, opt_state))
@@ -155,8 +162,8 @@ def make_text_update(
                 params, opt_state = stepped[:2]
             stats = stepped[2]
             if value_loss is not None:
-                critic, critic_opt_state, critic_stats = guarded_step(
-                    value_loss, critic, critic_opt_state, critic_optimizer, part, targets
+                critic, critic_opt_state, critic_stats = guarded_apply(
+                    value_loss(critic, part, targets), critic, critic_opt_state, critic_optimizer
                 )
                 stats = _with_critic(stats, critic_stats)
             carry = (params, opt_state, critic, critic_opt_state)
@@ -214,12 +221,66 @@ def _value_metrics(trajectory: Trajectory, targets: jax.Array) -> Metrics:
     return {"value_mean": mean(trajectory.values), "explained_variance": explained}
 
 
-def _make_loss(config: TrainConfig, score: Score):
-    """`loss(params, trajectory, advantages, ref_logp) -> (scalar, stats)` of a minibatch."""
+def micro_mapped(model: Score, micro: int | None) -> Score:
+    """`model(params, trajectory) -> [B, ...]` run over micro-batches of `micro` episodes
+    one after the other (`lax.map`), outputs concatenated; `model` itself when None."""
+    if micro is None:
+        return model
+
+    def mapped(params: nnx.State, trajectory: Trajectory) -> jax.Array:
+        parts = _chunks(trajectory, trajectory.turn_mask.shape[0] // micro)
+        return _unchunk(jax.lax.map(lambda part: model(params, part), parts))
+
+    return mapped
+
+
+def _accumulated(objective, model: Score, micro: int | None):
+    """`value_and_grad(params, trajectory, *args) -> ((value, stats), grads)` of
+    `objective(model(params, trajectory), trajectory, *args)`, with `micro` episodes
+    through `model` at a time (None: all at once).
+
+    The model's outputs y = model(params, x) of every micro-batch come first (forward
+    only, `micro_mapped`), then the objective's cotangent g = dL/dy of the whole minibatch,
+    and the gradient dL/dparams = sum_m (dy_m/dparams)^T g_m, one micro-batch's
+    vector-Jacobian product at a time, summed in float32: the objective (its token-mean
+    normalisers, clipping and statistics) sees the whole minibatch, as without
+    micro-batches, for one more forward pass of the model.
+    """
+
+    def full(params, trajectory, *args):
+        value = lambda p: objective(model(p, trajectory), trajectory, *args)  # noqa: E731
+        return jax.value_and_grad(value, has_aux=True)(params)
+
+    if micro is None:
+        return full
+
+    def accumulated(params, trajectory, *args):
+        count = trajectory.turn_mask.shape[0] // micro
+        outputs = micro_mapped(model, micro)(params, trajectory)
+        (value, stats), cotangent = jax.value_and_grad(objective, has_aux=True)(
+            outputs, trajectory, *args
+        )
+
+        def accumulate(total, part):
+            inputs, part_cotangent = part
+            _, pullback = jax.vjp(lambda p: model(p, inputs), params)
+            grads = pullback(part_cotangent)[0]
+            return jax.tree.map(lambda t, g: t + g.astype(jnp.float32), total, grads), None
+
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+        parts = (_chunks(trajectory, count), _chunks(cotangent, count))
+        total, _ = jax.lax.scan(accumulate, zeros, parts)
+        return (value, stats), jax.tree.map(lambda g, p: g.astype(p.dtype), total, params)
+
+    return accumulated
+
+
+def _policy_objective(config: TrainConfig):
+    """`objective(logp, trajectory, advantages, ref_logp) -> (scalar, stats)` of a
+    minibatch's teacher-forced log-probs `logp [B, S, L]`."""
     with_kl = config.kl_placement == "loss" and config.kl_coef != 0
 
-    def loss(params, trajectory: Trajectory, advantages: jax.Array, ref_logp: jax.Array):
-        logp = score(params, trajectory)
+    def objective(logp, trajectory: Trajectory, advantages: jax.Array, ref_logp: jax.Array):
         mask = action_rows(trajectory.loss_mask)
         policy_loss, ppo_stats = losses.ppo_policy_loss(
             action_rows(logp), action_rows(trajectory.logp), action_rows(advantages), mask,
@@ -235,28 +296,37 @@ def _make_loss(config: TrainConfig, score: Score):
         stats["loss"] = total
         return total, jax.tree.map(jax.lax.stop_gradient, stats)
 
-    return loss
+    return objective
 
 
-def _make_value_loss(config: TrainConfig, values: Score):
-    """`loss(critic, trajectory, targets) -> (scalar, stats)`: the clipped value loss of a
-    minibatch on its generated tokens (`trajectory.values` = V_old)."""
+def _value_objective(config: TrainConfig):
+    """`objective(values, trajectory, targets) -> (scalar, stats)`: the clipped value loss
+    of a minibatch's critic values `[B, S, L]` on its generated tokens (`trajectory.values`
+    = V_old)."""
 
-    def loss(critic, trajectory: Trajectory, targets: jax.Array):
-        value = losses.value_loss(
-            action_rows(values(critic, trajectory)), action_rows(trajectory.values),
-            action_rows(targets), action_rows(trajectory.loss_mask), clip=config.value_clip,
-            agg=config.agg,
+    def objective(value, trajectory: Trajectory, targets: jax.Array):
+        loss = losses.value_loss(
+            action_rows(value), action_rows(trajectory.values), action_rows(targets),
+            action_rows(trajectory.loss_mask), clip=config.value_clip, agg=config.agg,
         )  # fmt: skip
-        return value, {"value_loss": jax.lax.stop_gradient(value)}
+        return loss, {"value_loss": jax.lax.stop_gradient(loss)}
 
-    return loss
+    return objective
 
 
 def _minibatches(batch: Any, config: TrainConfig) -> Any:
     """`[B, ...]` leaves -> `[num_minibatches, B / num_minibatches, ...]`, in order."""
-    count = config.num_minibatches
+    return _chunks(batch, config.num_minibatches)
+
+
+def _chunks(batch: Any, count: int) -> Any:
+    """`[B, ...]` leaves -> `[count, B / count, ...]`, in order."""
     return jax.tree.map(lambda x: x.reshape(count, x.shape[0] // count, *x.shape[1:]), batch)
+
+
+def _unchunk(batch: Any) -> Any:
+    """`_chunks`' inverse: `[count, B / count, ...]` -> `[B, ...]`."""
+    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), batch)
 
 
 def check_config(config: TrainConfig, *, critic: bool) -> None:

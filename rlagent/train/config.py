@@ -81,6 +81,11 @@ class TrainConfig:
     normalize_returns: bool = False
     num_epochs: int = 2
     num_minibatches: int = 2
+    # Episodes per forward / backward pass of the text update (`rlagent.text.update`): a
+    # minibatch's gradient is summed over its micro-batches, one optimiser step for all
+    # of them (gradient accumulation), and the reference's and critic's passes run in
+    # micro-batches too. None = the whole minibatch at once. The main trainer refuses it.
+    micro_batch_size: int | None = None
     clip_low: float = 0.2
     clip_high: float = 0.28  # asymmetric "clip-higher" upper bound.
     dual_clip: float | None = 3.0
@@ -120,6 +125,7 @@ class TrainConfig:
                 f"num_groups * group_size = {self.batch_size} episodes must divide into "
                 f"num_minibatches = {self.num_minibatches} equal minibatches."
             )
+        self._check_micro_batch()
         if ESTIMATOR_TABLE[self.estimator].grouped and self.group_size < 2:
             raise ValueError(f"estimator={self.estimator!r} needs group_size >= 2.")
         _check_choice("tree_branch_at", self.tree_branch_at, BRANCH_AT)
@@ -152,6 +158,21 @@ class TrainConfig:
             raise ValueError(
                 f"estimator={self.estimator!r} trains on tree rollouts, whose siblings do "
                 "not bootstrap a truncated episode: set TrainConfig.bootstrap_truncated=False."
+            )
+
+    def _check_micro_batch(self):
+        if self.micro_batch_size is None:
+            return
+        rows = self.batch_size // self.num_minibatches
+        micro = self.micro_batch_size
+        if not isinstance(micro, numbers.Integral) or isinstance(micro, bool) or micro < 1:
+            raise ValueError(f"TrainConfig.micro_batch_size must be None or an integer >= 1, "
+                             f"got {micro!r}.")  # fmt: skip
+        if rows % micro:
+            raise ValueError(
+                f"TrainConfig.micro_batch_size = {micro} must divide a minibatch of {rows} "
+                f"episodes (num_groups * group_size / num_minibatches = {self.num_groups} * "
+                f"{self.group_size} / {self.num_minibatches})."
             )
 
     def _check_types(self):

@@ -291,9 +291,16 @@ def policy_graphdef(policy_config: PolicyConfig) -> nnx.GraphDef:
 
 def _check_extras(config: TrainConfig, prm: PRMFactory | None) -> None:
     """The extras passed serve the config: a `learned_*` reward reads a PRM's scores.
+    Gradient accumulation (`micro_batch_size`) is the text update's only.
 
     Only the config's own reward form can be checked here (the forms of `init`'s
     `reward_weights` are data; `rlagent.host.loop.run` checks its conditions)."""
+    if config.micro_batch_size is not None:
+        raise ValueError(
+            f"TrainConfig.micro_batch_size={config.micro_batch_size}: the token-level "
+            "trainer takes one pass per minibatch (set num_minibatches); micro-batches are "
+            "the text update's (rlagent.text.update). Set it to None."
+        )
     if config.reward in LEARNED_REWARDS and prm is None:
         raise ValueError(
             f"TrainConfig.reward={config.reward!r} reads a process reward model's scores: "
@@ -453,7 +460,19 @@ def guarded_step(
     A non-finite loss or gradient leaves parameters and optimiser state as they were
     (selected, not branched: no host sync); its flags let the host loop stop the run.
     """
-    (value, stats), grads = jax.value_and_grad(loss, has_aux=True)(params, *args)
+    value_and_grads = jax.value_and_grad(loss, has_aux=True)(params, *args)
+    return guarded_apply(value_and_grads, params, opt_state, optimizer)
+
+
+def guarded_apply(
+    value_and_grads: tuple[tuple[jax.Array, Metrics], Any],
+    params: Any,
+    opt_state: Any,
+    optimizer: optax.GradientTransformation,
+) -> tuple[Any, Any, Metrics]:
+    """`guarded_step` from `((value, stats), grads)` computed by the caller (the output of
+    `jax.value_and_grad(loss, has_aux=True)`, or a gradient accumulated otherwise)."""
+    (value, stats), grads = value_and_grads
     updates, new_opt_state = optimizer.update(grads, opt_state, params)
     grad_norm = optax.tree_utils.tree_norm(grads)
     finite_loss, finite_grads = jnp.isfinite(value), jnp.isfinite(grad_norm)
