@@ -3,8 +3,10 @@ programs (abstract shapes only: no weight is allocated or read).
 
   python -m experiments.bench_memory --json_out=/tmp/bench_memory.json
 
-For each model of `MODELS` (the numbers of its config.json), in bfloat16 with decoder
-blocks rematerialised (`rlagent.text.train.check_model`'s default above 100M parameters),
+For each model of `MODELS` (the numbers of its config.json), with the trainer's defaults
+for checkpoints above 100M parameters (`rlagent.text.train`: float32 master weights and
+AdamW moments, `--param_dtype`; bfloat16 compute; decoder blocks rematerialised; one
+episode per forward / backward pass),
 two programs are lowered and compiled (`jax.jit(...).lower(...).compile()`) on abstract
 arguments (`jax.ShapeDtypeStruct`, parameters from `nnx.eval_shape`):
 
@@ -13,8 +15,8 @@ arguments (`jax.ShapeDtypeStruct`, parameters from `nnx.eval_shape`):
   pass (gradient accumulation), the state donated;
 * `rollout`: one turn of the text loop (`rlagent.text.loop.make_text_loop`'s sampler:
   prefill of a `max_prompt_len` prompt and `max_new_tokens` cached decoding steps) for
-  each of `--rollout_episodes` episodes at once (the loop calls it with every episode of
-  the batch).
+  each of `--rollout_episodes` episodes at once (the loop calls it with at most
+  `TextConfig.sample_batch` episodes, 16 by default).
 
 BFCL shapes: `--episodes` episodes of `--turns` turns, the first reading `--first_obs_len`
 template tokens (system prompt and tool schemas), later ones `--later_obs_len` (a tool's
@@ -90,6 +92,13 @@ _MICRO = flags.DEFINE_integer("micro_batch_size", 1, "Episodes per forward / bac
 _ATTENTION_BLOCK = flags.DEFINE_integer("attention_block", 256, "PolicyConfig.attention_block.")
 _VOCAB_BLOCK = flags.DEFINE_integer("vocab_block", 8192, "PolicyConfig.vocab_block.")
 _REMAT = flags.DEFINE_bool("remat", True, "Rematerialise the decoder blocks.")
+_PARAM_DTYPE = flags.DEFINE_enum(
+    "param_dtype",
+    "float32",
+    ["float32", "bfloat16"],
+    "Parameters' and AdamW moments' dtype (the trainer's default: float32 master weights; "
+    "the compute is bfloat16 either way).",
+)
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the results here.")
 
 
@@ -98,7 +107,7 @@ def main(argv):
     settings = {name: flags.FLAGS[name].value for name in (
         "models", "layers", "episodes", "rollout_episodes", "turns", "turn_len", "first_obs_len",
         "later_obs_len", "transcript_len", "micro_batch_size", "attention_block",
-        "vocab_block", "remat")}  # fmt: skip
+        "vocab_block", "remat", "param_dtype")}  # fmt: skip
     record = provenance.collect(settings)
     results = {"backend": jax.default_backend(), "device": str(jax.devices()[0]), "models": {}}
     for name in _MODELS.value:
@@ -112,12 +121,13 @@ def main(argv):
 
 
 def policy_config(name: str) -> PolicyConfig:
-    """The PolicyConfig of `MODELS[name]` in bfloat16 (`--layers` layers when given)."""
+    """The PolicyConfig of `MODELS[name]`: `--param_dtype` parameters, bfloat16 compute
+    (`--layers` layers when given)."""
     numbers = dict(MODELS[name])
     if _LAYERS.value is not None:
         numbers["num_layers"] = _LAYERS.value
     return PolicyConfig(
-        **numbers, pad_id=PAD_ID, param_dtype="bfloat16", dtype="bfloat16",
+        **numbers, pad_id=PAD_ID, param_dtype=_PARAM_DTYPE.value, dtype="bfloat16",
         remat=_REMAT.value, attention_block=_ATTENTION_BLOCK.value, vocab_block=_VOCAB_BLOCK.value,
     )  # fmt: skip
 
@@ -126,6 +136,8 @@ def model_memory(name: str) -> dict:
     """Peak bytes of both programs compiled for the model at its full depth."""
     config = policy_config(name)
     out = {"parameters": parameter_count(config), "num_layers": config.num_layers}
+    # The frozen reference the trainer keeps beside the update (in the compute dtype).
+    out["reference_bytes"] = 2 * out["parameters"]
     out["update"] = compile_memory(config, "update", _EPISODES.value)
     print(name, "update", json.dumps(out["update"]), flush=True)
     out["rollout"] = {}

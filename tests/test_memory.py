@@ -4,6 +4,7 @@ against whole-batch ones, gradient accumulation against the one-step update, and
 refusals of a micro-batch that does not divide the minibatch."""
 
 import dataclasses
+import types
 
 import chex
 import jax
@@ -316,8 +317,6 @@ def test_check_model_rematerialises_checkpoints_above_the_threshold(tmp_path, mo
     """`check_model(remat=None)`: off for a checkpoint of at most `REMAT_ABOVE` parameters,
     on above it (the threshold lowered to the tiny checkpoint's size); an explicit
     `remat=False` or `True` is kept."""
-    pytest.importorskip("transformers")
-    pytest.importorskip("safetensors")
     from model_helpers import write_checkpoint
     from text_helpers import tiny_tokenizer
 
@@ -335,3 +334,13 @@ def test_check_model_rematerialises_checkpoints_above_the_threshold(tmp_path, mo
     monkeypatch.setattr(text_train, "REMAT_ABOVE", size)
     assert text_train.check_model(str(tmp_path), None, remat=True).checkpoint.config.remat
     assert not text_train.check_model(str(tmp_path), None).checkpoint.config.remat
+    # The same threshold gives the update one episode per device at a time.
+    model = text_train.check_model(str(tmp_path), None)
+    train = TrainConfig(num_groups=2, group_size=4)
+    assert text_train.with_memory_defaults(train, model).micro_batch_size is None
+    monkeypatch.setattr(text_train, "REMAT_ABOVE", size - 1)
+    assert text_train.with_memory_defaults(train, model).micro_batch_size == 1
+    two_devices = types.SimpleNamespace(size=2)  # what it reads of a mesh
+    assert text_train.with_memory_defaults(train, model, two_devices).micro_batch_size == 2
+    chosen = dataclasses.replace(train, micro_batch_size=4)
+    assert text_train.with_memory_defaults(chosen, model).micro_batch_size == 4

@@ -229,6 +229,23 @@ def test_a_fork_continues_identically_with_the_same_keys(setup):
     assert any(o.tokens != e.tokens for o, e in zip(others, episodes, strict=True))
 
 
+def test_sampling_in_calls_of_sample_batch_rows_changes_no_sample(setup):
+    """5 episodes in calls of 2 rows (the last padded) play as in one call of 5."""
+    chat, graphdef, config, params = (setup[k] for k in ("chat", "graphdef", "config", "params"))
+    keys = jax.random.split(jax.random.key(3), 5)
+    played = {}
+    for sample_batch in (0, 2):
+        text = dataclasses.replace(CONFIG, sample_batch=sample_batch)
+        loop = make_text_loop(chat, graphdef, config, text)
+        played[sample_batch] = loop.play(params, [loop.start(_env(), s) for s in range(5)], keys)
+    for whole, split in zip(played[0], played[2], strict=True):
+        assert split.tokens == whole.tokens
+        for a, b in zip(split.turns, whole.turns, strict=True):
+            np.testing.assert_allclose(a.logp, b.logp, atol=1e-6)
+    with pytest.raises(ValueError, match="TextConfig.sample_batch must be an integer >= 0"):
+        TextConfig(sample_batch=-1)
+
+
 def _scripted(chat, calls):
     """A sampler that writes `calls[i][row]` (then END) at its i-th call."""
     calls = iter(calls)

@@ -103,8 +103,15 @@ class TextConfig:
     temperature: float = 1.0  # tau of pi = softmax(logits / tau + mask); 0 = greedy.
     top_k: int = 0  # sample among the k most likely tokens (0 = off; not part of pi).
     top_p: float = 1.0  # nucleus sampling mass (1 = off; not part of pi).
+    # Episodes per call of the jitted sampler (0 = the whole batch): bounds the KV caches
+    # and the prefill held at once; the last call is padded to this size (one program).
+    sample_batch: int = 16
 
     def __post_init__(self):
+        if not isinstance(self.sample_batch, int) or self.sample_batch < 0:
+            raise ValueError(
+                f"TextConfig.sample_batch must be an integer >= 0, got {self.sample_batch!r}"
+            )
         for name in ("max_new_tokens", "obs_len", "max_prompt_len"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"TextConfig.{name} must be an integer >= 1, got "
@@ -212,7 +219,7 @@ class TextLoop(NamedTuple):
             prompts, valid = _left_pad(episodes, self.config.max_prompt_len, self.chat.pad_id)
             turn_index = jnp.asarray([len(e.turns) for e in episodes], jnp.int32)
             turn_keys = jax.vmap(jax.random.fold_in)(keys, turn_index)
-            out = jax.device_get(self.sample(params, prompts, valid, turn_keys))
+            out = self._sample(params, prompts, valid, turn_keys)
             for row, episode in enumerate(episodes):
                 if not episode.over:
                     length = int(out.mask[row].sum())
@@ -220,6 +227,21 @@ class TextLoop(NamedTuple):
                     self._advance(episode, ids.tolist(), logp.tolist())
             played += 1
         return list(episodes)
+
+    def _sample(self, params, prompts, valid, keys) -> Generation:
+        """`sample` over the rows in calls of at most `config.sample_batch` rows (when the
+        batch is larger, the last call is padded with copies of its first row, then
+        dropped), fetched to the host. Every row's tokens depend only on its prompt and
+        key, so the split changes no sample (tests/test_text.py)."""
+        size = len(keys)
+        chunk = min(self.config.sample_batch or size, size)
+        outs = []
+        for start in range(0, size, chunk):
+            take = min(chunk, size - start)
+            rows = np.r_[np.arange(start, start + take), np.full(chunk - take, start)]
+            out = self.sample(params, prompts[rows], valid[rows], keys[rows])
+            outs.append(jax.tree.map(lambda x, take=take: np.asarray(x)[:take], out))
+        return jax.tree.map(lambda *parts: np.concatenate(parts), *outs)
 
     def trajectory(self, episodes: Sequence[Episode]) -> Trajectory:
         """The episodes as the trainer's turn-major `Trajectory` (see the module docstring)."""

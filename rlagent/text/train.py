@@ -115,6 +115,8 @@ DTYPES = ("float32", "bfloat16")
 # a 0.5B model's update at BFCL lengths keeps every block's activations otherwise
 # (docs/benchmarks.md, memory).
 REMAT_ABOVE = 100_000_000
+# and passes such a checkpoint's episodes through the update one per device at a time
+# (`with_memory_defaults`: `train.micro_batch_size` unset), as the memory table does.
 # Episode metrics of each evaluation mode (NaN when the environment does not report one).
 EVAL_METRICS = ("success", "turns", "tokens", "malformed_rate")
 EVAL_MODES = ("sampled", "greedy")  # the loop's temperature, then temperature 0.
@@ -264,6 +266,20 @@ def check_model(
     return AgentModel(os.path.abspath(model_dir), chat, found, digest)
 
 
+def with_memory_defaults(
+    config: TrainConfig, model: AgentModel, mesh: jax.sharding.Mesh | None = None
+) -> TrainConfig:
+    """`config` with `micro_batch_size` set to one episode per device (the mesh's size, 1
+    without one) when it is unset and the checkpoint has more than `REMAT_ABOVE`
+    parameters: the update and the reference pass then hold one episode's activations per
+    device (docs/benchmarks.md, memory); a small model keeps whole minibatches."""
+    if config.micro_batch_size is not None:
+        return config
+    if parameter_count(model.checkpoint.config) <= REMAT_ABOVE:
+        return config
+    return dataclasses.replace(config, micro_batch_size=1 if mesh is None else mesh.size)
+
+
 def check_dtypes(dtype: str, param_dtype: str) -> None:
     """Refuses a precision the trainer does not offer. float32 parameters with bfloat16
     compute (the default) keep master weights and AdamW's moments in float32, so that a
@@ -309,6 +325,7 @@ def run_text(
     sample_s / update_s / time_s, kl_ref (the sampled estimate of `config.kl_kind` between
     the behaviour policy and the reference, per generated token), the update's loss stats.
     """
+    config = with_memory_defaults(config, model, mesh)
     make_env, env_seed = tasks.pick(np.random.default_rng(0))
     first = make_env()
     check_forms(first, config, [config.reward], "config.train.reward")
