@@ -149,7 +149,7 @@ def run_study(study: Callable[..., Any], launcher: LauncherFlags, **kwargs: Any)
 
     def work():
         compile_cache.enable_compilation_cache(launcher.compilation_cache_dir.value)
-        if _ACROSS_COMMITS.value:
+        if flags.FLAGS.is_parsed() and _ACROSS_COMMITS.value:
             os.environ[provenance.ACROSS_COMMITS_ENV] = "1"
         mesh = {"mesh": data_mesh()} if launcher.distributed else {}
         return study(

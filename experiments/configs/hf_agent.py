@@ -41,23 +41,29 @@ from rlagent.train.config import TrainConfig
 from rlagent.train.evaluation import EvalConfig
 
 
+def _model() -> ml_collections.ConfigDict:
+    """The `model` section: dtypes, special tokens, the template's thinking, remat."""
+    model = ml_collections.ConfigDict()
+    model.dtype = "bfloat16"  # compute dtype: bfloat16 | float32 (docs/text.md).
+    model.param_dtype = "float32"  # parameters, AdamW moments: float32 | bfloat16.
+    model.end_token = ""  # end-of-turn token; '' = the tokenizer's eos_token.
+    model.pad_token = ""  # padding token; '' = the tokenizer's pad_token.
+    # The chat template's enable_thinking (Qwen3: False gives the generation prompt an empty
+    # think block); None = not passed, the template's default.
+    model.enable_thinking = config_dict.placeholder(bool)
+    # Recompute each decoder block in the backward pass: the update keeps one block's
+    # activations at a time instead of every block's (docs/text.md, memory). Unset: on
+    # for checkpoints above 100M parameters (rlagent.text.train.REMAT_ABOVE).
+    model.remat = config_dict.placeholder(bool)
+    return model
+
+
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.algorithm = "grpo"  # grpo | ppo | online_dpo (rlagent.text.train.ALGORITHMS).
     config.seed = 0  # every task draw and sampling key derives from (seed, update).
 
-    config.model = ml_collections.ConfigDict()
-    config.model.dtype = "bfloat16"  # compute dtype: bfloat16 | float32 (docs/text.md).
-    config.model.param_dtype = "float32"  # parameters, AdamW moments: float32 | bfloat16.
-    config.model.end_token = ""  # end-of-turn token; '' = the tokenizer's eos_token.
-    config.model.pad_token = ""  # padding token; '' = the tokenizer's pad_token.
-    # The chat template's enable_thinking (Qwen3: False gives the generation prompt an empty
-    # think block); None = not passed, the template's default.
-    config.model.enable_thinking = config_dict.placeholder(bool)
-    # Recompute each decoder block in the backward pass: the update keeps one block's
-    # activations at a time instead of every block's (docs/text.md, memory). Unset: on
-    # for checkpoints above 100M parameters (rlagent.text.train.REMAT_ABOVE).
-    config.model.remat = config_dict.placeholder(bool)
+    config.model = _model()
 
     # FSDP over local devices (rlagent.models.sharding): devices 0 = one device, no mesh;
     # N = the first N local devices, -1 = all; `data` rows of them (data parallel).

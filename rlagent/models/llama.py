@@ -503,12 +503,16 @@ class Llama(nnx.Module):
         return out.astype(jnp.float32)
 
     def head(self) -> jax.Array:
-        """[D, V] the LM head's matrix (the token embedding's transpose when tied)."""
+        """[D, V] the LM head's matrix (the token embedding's transpose when tied) in the
+        compute dtype, as `logits` multiplies by it: float32 master weights of a bfloat16
+        model give a bfloat16 head, so a tiled scorer rounds as the sampler does."""
         if not self.has_lm_head:
             raise ValueError("this Llama was built with lm_head=False (a critic trunk)")
         if self.lm_head is None:
-            return self.embed_tokens.embedding[...].T
-        return self.lm_head.kernel[...]
+            matrix = self.embed_tokens.embedding[...].T
+        else:
+            matrix = self.lm_head.kernel[...]
+        return matrix.astype(self.config.dtype)
 
     def __call__(
         self,

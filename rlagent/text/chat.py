@@ -381,10 +381,10 @@ def check_prefix_stable(chat: ChatFormat) -> None:
             for stop, where in ((index, "before"), (index + 1, "through")):
                 part = chat.render(messages[:stop], generation_prompt=False)
                 if full[: len(part)] != part:
-                    _unstable(chat, case, messages, index, where, part, full)
+                    _unstable(chat, case, messages, index=index, where=where, part=part, full=full)
 
 
-def _unstable(chat, case, messages, index, where, part, full) -> None:
+def _unstable(chat, case, messages, *, index, where, part, full) -> None:
     at = _first_difference(part, full)
     shown = lambda ids: repr(chat.decode(ids[at : at + 8]))  # noqa: E731
     raise ChatTemplateError(

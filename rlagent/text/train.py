@@ -326,21 +326,10 @@ def run_text(
     the behaviour policy and the reference, per generated token), the update's loss stats.
     """
     config = with_memory_defaults(config, model, mesh)
-    make_env, env_seed = tasks.pick(np.random.default_rng(0))
-    first = make_env()
-    check_forms(first, config, [config.reward], "config.train.reward")
-    # A first prompt the sizes cannot hold is refused here, before the workdir is written
-    # (`TextLoop.start` renders it; no model is needed for that). Later episodes past the
-    # sizes end truncated (the `truncated` column).
-    opening = TextLoop(model.chat, text_config, sample=None).start(first, env_seed)
-    if opening.truncated:
-        raise ValueError(f"the first task's prompt does not fit: {opening.truncated}")
-    eval_tasks = eval_task_list(tasks, evaluation)  # refuses before anything is written.
-    check_mesh(mesh, config, preference)
-    checked = critic_of(config, critic, model, preference)
-    if preference is not None and preference.judge == "lm":  # the same for the LM judge.
-        answer_ids(model.chat, "Yes", "No")
-        question_tokens(model.chat, preference.question)
+    eval_tasks, checked = _check_run(
+        config, text_config, tasks, model, evaluation=evaluation, mesh=mesh, critic=critic,
+        preference=preference,
+    )  # fmt: skip
     resolved = provenance.resolved(
         train=config, sampling=text_config, env={"kind": tasks.name, **tasks.config},
         evaluation=evaluation, preference=_preference_record(preference, config),
@@ -385,6 +374,30 @@ def run_text(
         updates = [files.done, max(files.done, config.num_updates)]
         provenance.write(workdir, provenance.finish({**record, "updates": updates}))
     return rows
+
+
+def _check_run(
+    config: TrainConfig, text_config: TextConfig, tasks: TaskSet, model: AgentModel, *,
+    evaluation: EvalConfig, mesh: jax.sharding.Mesh | None, critic: CriticConfig,
+    preference: Preference | None,
+) -> tuple[list, CheckedCritic | None]:  # fmt: skip
+    """`run_text`'s refusals, before anything is written: `(evaluation tasks, the checked
+    critic)`."""
+    make_env, env_seed = tasks.pick(np.random.default_rng(0))
+    first = make_env()
+    check_forms(first, config, [config.reward], "config.train.reward")
+    # A first prompt the sizes cannot hold is refused here (`TextLoop.start` renders it;
+    # no model is needed for that). Later episodes past the sizes end truncated.
+    opening = TextLoop(model.chat, text_config, sample=None).start(first, env_seed)
+    if opening.truncated:
+        raise ValueError(f"the first task's prompt does not fit: {opening.truncated}")
+    eval_tasks = eval_task_list(tasks, evaluation)
+    check_mesh(mesh, config, preference)
+    checked = critic_of(config, critic, model, preference)
+    if preference is not None and preference.judge == "lm":  # the same for the LM judge.
+        answer_ids(model.chat, "Yes", "No")
+        question_tokens(model.chat, preference.question)
+    return eval_tasks, checked
 
 
 class TextRun(NamedTuple):
