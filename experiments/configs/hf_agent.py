@@ -21,7 +21,7 @@ read when the estimator reads values, as ppo's gae_token), `checkpoint` (a check
 after every `every`-th update and the last, the newest `keep` kept beside step 0,
 `asynchronous` Orbax writes while the next update runs; a resumed run may change them).
 
-Precision (`model`, docs/text.md): parameters and AdamW's moments are stored in
+Precision (`model`, docs/text_training.md): parameters and AdamW's moments are stored in
 `param_dtype` and cast to `dtype` where the forward pass uses them (activations, matmuls,
 the sampler's KV cache). The default float32 master weights keep steps smaller than a
 weight's bfloat16 spacing; `param_dtype='bfloat16'` (with `dtype='bfloat16'`) halves the
@@ -47,7 +47,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.seed = 0  # every task draw and sampling key derives from (seed, update).
 
     config.model = ml_collections.ConfigDict()
-    config.model.dtype = "bfloat16"  # compute dtype: bfloat16 | float32 (docs/text.md).
+    config.model.dtype = "bfloat16"  # compute dtype: bfloat16 | float32 (docs/text_training.md).
     config.model.param_dtype = "float32"  # parameters, AdamW moments: float32 | bfloat16.
     config.model.end_token = ""  # end-of-turn token; '' = the tokenizer's eos_token.
     config.model.pad_token = ""  # padding token; '' = the tokenizer's pad_token.
@@ -55,7 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
     # think block); None = not passed, the template's default.
     config.model.enable_thinking = config_dict.placeholder(bool)
     # Recompute each decoder block in the backward pass: the update keeps one block's
-    # activations at a time instead of every block's (docs/text.md, memory). Unset: on
+    # activations at a time instead of every block's (docs/text_training.md, memory). Unset: on
     # for checkpoints above 100M parameters (rlagent.text.train.REMAT_ABOVE).
     config.model.remat = config_dict.placeholder(bool)
 
