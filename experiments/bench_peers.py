@@ -92,7 +92,7 @@ _TUNIX_PATH = flags.DEFINE_string(
     "tunix_path", "/tmp/tunix_pkg", "A folder holding tunix and its --no-deps dependencies."
 )
 
-# What the sides do differently, for the JSON and docs/benchmarks.md.
+# What the sides do differently, for the JSON and docs/benchmarks_history.md.
 DIFFERENCES = (
     "rlagent's context is prompt + 1 task-progress marker slot (the protocol's K >= 1) + "
     "completion: P + 1 + N positions vs TRL's P + N; the marker embedding is added by the "

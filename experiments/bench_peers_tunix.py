@@ -4,7 +4,7 @@ same batch, reward and hyperparameters.
 
 Kept apart from the launcher because Tunix is not a package dependency: it is imported
 from a folder put on `sys.path` (`google-tunix` and its dependencies installed with
-`--no-deps`; see docs/benchmarks.md).
+`--no-deps`; see docs/benchmarks_history.md).
 """
 
 from __future__ import annotations

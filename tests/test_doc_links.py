@@ -96,3 +96,19 @@ def test_the_slugs_follow_github():
     )
     assert slug("`make_train` and [links](x.md)") == "make_train-and-links"
     assert slug("Rejection sampling -> SFT -> RL") == "rejection-sampling---sft---rl"
+
+
+# A newcomer reads README in one sitting of the page, docs pages by topic.
+LIMITS = {"README.md": 150, "docs/benchmarks.md": 250}
+PAGE_LIMIT = 300
+# Words about how the software was made, not what it does: history belongs in git.
+PROCESS_WORDS = ("this stop", "no baseline rerun", "this session", "the issue asks",
+                 "protocol issue", "seed brief", "the brief's", "sitting")  # fmt: skip
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_pages_stay_short_and_describe_the_software(page):
+    name = str(page.relative_to(ROOT))
+    text = page.read_text()
+    assert len(text.splitlines()) <= LIMITS.get(name, PAGE_LIMIT)
+    assert [w for w in PROCESS_WORDS if w in text.lower()] == []

@@ -21,7 +21,7 @@ read when the estimator reads values, as ppo's gae_token), `checkpoint` (a check
 after every `every`-th update and the last, the newest `keep` kept beside step 0,
 `asynchronous` Orbax writes while the next update runs; a resumed run may change them).
 
-Precision (`model`, docs/text.md): parameters and AdamW's moments are stored in
+Precision (`model`, docs/text_training.md): parameters and AdamW's moments are stored in
 `param_dtype` and cast to `dtype` where the forward pass uses them (activations, matmuls,
 the sampler's KV cache). The default float32 master weights keep steps smaller than a
 weight's bfloat16 spacing; `param_dtype='bfloat16'` (with `dtype='bfloat16'`) halves the
@@ -44,7 +44,7 @@ from rlagent.train.evaluation import EvalConfig
 def _model() -> ml_collections.ConfigDict:
     """The `model` section: dtypes, special tokens, the template's thinking, remat."""
     model = ml_collections.ConfigDict()
-    model.dtype = "bfloat16"  # compute dtype: bfloat16 | float32 (docs/text.md).
+    model.dtype = "bfloat16"  # compute dtype: bfloat16 | float32 (docs/text_training.md).
     model.param_dtype = "float32"  # parameters, AdamW moments: float32 | bfloat16.
     model.end_token = ""  # end-of-turn token; '' = the tokenizer's eos_token.
     model.pad_token = ""  # padding token; '' = the tokenizer's pad_token.
@@ -52,8 +52,8 @@ def _model() -> ml_collections.ConfigDict:
     # think block); None = not passed, the template's default.
     model.enable_thinking = config_dict.placeholder(bool)
     # Recompute each decoder block in the backward pass: the update keeps one block's
-    # activations at a time instead of every block's (docs/text.md, memory). Unset: on
-    # for checkpoints above 100M parameters (rlagent.text.train.REMAT_ABOVE).
+    # activations at a time instead of every block's (docs/text_training.md, memory). Unset:
+    # on for checkpoints above 100M parameters (rlagent.text.train.REMAT_ABOVE).
     model.remat = config_dict.placeholder(bool)
     return model
 

@@ -1,5 +1,5 @@
 """BFCL multi-turn tasks as a text environment (a `rlagent.text.loop.TextEnvironment`;
-docs/text.md, "BFCL multi-turn").
+docs/text_envs.md, "BFCL multi-turn").
 
 The Berkeley Function Calling Leaderboard's package (`bfcl-eval`, Apache-2.0; install it
 without its heavy dependencies: `pip install --no-deps bfcl-eval==2026.3.23`) ships the

@@ -1,5 +1,5 @@
 """ToolWorld in text mode: ToolWorld's dynamics, messages in natural language, tool calls
-parsed from the model's text (a `rlagent.text.loop.TextEnvironment`; docs/text.md).
+parsed from the model's text (a `rlagent.text.loop.TextEnvironment`; docs/text_envs.md).
 
 The world is ToolWorld's (`rlagent.envs.toolworld`): `reset(seed)` samples the world of
 `ToolWorld.reset(jax.random.key(seed))` (the JAX generator, so a seed is the same episode

@@ -1,5 +1,5 @@
 """Training a pretrained HF checkpoint on a text environment: the text loop plays a batch,
-the text update trains on it, the host writes metrics and checkpoints (docs/text.md).
+the text update trains on it, the host writes metrics and checkpoints (docs/text_training.md).
 
     tasks = toolworld_tasks(ToolWorldConfig(level=1))      # or bfcl_tasks(...)
     model = check_model("checkpoints/Qwen2.5-0.5B-Instruct", tasks.tools)
