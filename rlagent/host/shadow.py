@@ -511,6 +511,22 @@ def load_checkpoint(spec: str) -> Checkpoint:
         ) from None
 
 
+def checkpoint_step(spec: str, folder: str, step_text: str) -> int:
+    """The checkpoint step `step_text` names in `folder`'s checkpoints ('' = the newest),
+    refused (ValueError naming `spec`) when the folder holds none or not that one."""
+    directory = os.path.abspath(os.path.join(folder, "checkpoints"))
+    steps = []
+    if os.path.isdir(directory):
+        with ocp.CheckpointManager(directory) as manager:
+            steps = sorted(manager.all_steps())
+    if not steps:
+        raise ValueError(f"{spec}: {folder}/checkpoints holds no checkpoint")
+    step = int(step_text) if step_text else steps[-1]
+    if step not in steps:
+        raise ValueError(f"{spec}: no checkpoint step {step} in {folder}; it holds {steps}")
+    return step
+
+
 def _load_checkpoint(spec: str) -> Checkpoint:
     folder, _, run = spec.partition("#")
     folder, _, step_text = folder.partition("@")
@@ -524,13 +540,8 @@ def _load_checkpoint(spec: str) -> Checkpoint:
     if run and run not in runs:
         raise ValueError(f"{spec}: no run {run!r} in {folder}; it holds {runs}")
     run = run or runs[0]
+    step = checkpoint_step(spec, folder, step_text)
     with ocp.CheckpointManager(os.path.abspath(os.path.join(folder, "checkpoints"))) as manager:
-        steps = sorted(manager.all_steps())
-        if not steps:
-            raise ValueError(f"{spec}: {folder}/checkpoints holds no checkpoint")
-        step = int(step_text) if step_text else steps[-1]
-        if step not in steps:
-            raise ValueError(f"{spec}: no checkpoint step {step} in {folder}; it holds {steps}")
         tree = manager.restore(step, args=ocp.args.StandardRestore())
     abstract = nnx.eval_shape(lambda: Policy(PolicyConfig(**config["model"]), rngs=nnx.Rngs(0)))
     params = nnx.state(abstract, nnx.Param)

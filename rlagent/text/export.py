@@ -36,6 +36,7 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 from rlagent.host import provenance
+from rlagent.host.shadow import checkpoint_step
 from rlagent.host.shadow import strip_value
 from rlagent.models.checkpoint import SINGLE
 from rlagent.models.hf import hf_config
@@ -57,7 +58,7 @@ def export_hf(spec: str, out: str) -> int:
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise ValueError(f"--out={out!r} exists and is not an empty folder")
     model = _text_model(folder)
-    step = _checked_step(spec, folder, step_text)
+    step = checkpoint_step(spec, folder, step_text)
     source = _checked_source(model)
     config = PolicyConfig(**model["policy"])
     llama = _policy(folder, step, config)
@@ -76,20 +77,6 @@ def _text_model(folder: str) -> dict[str, Any]:
             "that experiments.hf_agent writes)"
         )
     return model
-
-
-def _checked_step(spec: str, folder: str, step_text: str) -> int:
-    directory = os.path.abspath(os.path.join(folder, "checkpoints"))
-    steps = []
-    if os.path.isdir(directory):
-        with ocp.CheckpointManager(directory) as manager:
-            steps = sorted(manager.all_steps())
-    if not steps:
-        raise ValueError(f"{spec}: {folder}/checkpoints holds no checkpoint")
-    step = int(step_text) if step_text else steps[-1]
-    if step not in steps:
-        raise ValueError(f"{spec}: no checkpoint step {step} in {folder}; it holds {steps}")
-    return step
 
 
 def _checked_source(model: dict[str, Any]) -> str:
