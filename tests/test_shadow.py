@@ -19,6 +19,7 @@ from flax import nnx
 
 from rlagent.envs.toolworld import ToolWorld
 from rlagent.envs.toolworld import ToolWorldConfig
+from rlagent.host import provenance
 from rlagent.host import shadow
 from rlagent.models import Policy
 from rlagent.preference import data as pref_data
@@ -129,7 +130,8 @@ def test_malformed_records_are_refused_naming_the_field(tmp_path):
 _WRITER = textwrap.dedent(
     """
     import sys
-    from rlagent.host import shadow
+    from rlagent.host import provenance
+from rlagent.host import shadow
     sys.path.insert(0, {tests!r})
     from test_shadow import _record
     with shadow.ShadowLog({path!r}) as log:
@@ -283,6 +285,19 @@ def test_checkpoints_round_trip_and_refusals(played, tmp_path):
         shadow.load_checkpoint(f"{folder}#x/1")
     with pytest.raises(ValueError, match="not a run folder"):
         shadow.load_checkpoint(str(tmp_path))
+    # A text run (experiments.hf_agent) and a study's top folder, each named with what to pass.
+    text_run = tmp_path / "text_run"
+    text_run.mkdir()
+    text_config = {"algorithm": "grpo", "sampling": {}, "model": {}, "seed": 0}
+    provenance.write(str(text_run), provenance.collect(text_config))
+    with pytest.raises(ValueError, match=r"text run of experiments.hf_agent.*export_hf"):
+        shadow.load_checkpoint(str(text_run))
+    study = tmp_path / "study"
+    (study / "ppo").mkdir(parents=True)
+    provenance.write(str(study), provenance.collect({"seeds": 2, "train": {}}))
+    provenance.write(str(study / "ppo"), provenance.collect({"seeds": [0, 1], "model": model}))
+    with pytest.raises(ValueError, match=r"study's folder, not a run folder.*one of \['ppo'\]"):
+        shadow.load_checkpoint(f"{study}@2")
 
 
 @pytest.mark.slow

@@ -527,6 +527,28 @@ def checkpoint_step(spec: str, folder: str, step_text: str) -> int:
     return step
 
 
+def _check_policy_run(spec: str, folder: str, config: Mapping[str, Any]) -> None:
+    """Refuses, in one line naming the folder and what to pass, a folder that is no run of
+    the token policy: a text run of `experiments.hf_agent` (an HF model's checkpoints) or
+    a study's top folder (its runs are its subfolders)."""
+    if "algorithm" in config and "sampling" in config:
+        raise ValueError(
+            f"{spec}: {folder} is a text run of experiments.hf_agent; ab_test and shadow read "
+            "run folders of the token policy (loop.run's: one with checkpoints/ and seeds); "
+            f"export the text policy with `python -m experiments.export_hf {folder}`"
+        )
+    if not isinstance(config.get("seeds"), list) or "model" not in config:
+        subfolders = sorted(
+            name for name in os.listdir(folder)
+            if os.path.isfile(os.path.join(folder, name, provenance.FILENAME))
+        )  # fmt: skip
+        listed = f": one of {subfolders}" if subfolders else ""
+        raise ValueError(
+            f"{spec}: {folder} is a study's folder, not a run folder; pass one of its run "
+            f"folders (with checkpoints/){listed}"
+        )
+
+
 def _load_checkpoint(spec: str) -> Checkpoint:
     folder, _, run = spec.partition("#")
     folder, _, step_text = folder.partition("@")
@@ -534,6 +556,7 @@ def _load_checkpoint(spec: str) -> Checkpoint:
     if stored is None:
         raise ValueError(f"{spec}: {folder} has no {provenance.FILENAME}; not a run folder")
     config = stored["config"]
+    _check_policy_run(spec, folder, config)
     runs = [f"{c}/{s}" for c in config.get("conditions", ["policy"]) for s in config["seeds"]]
     if not run and len(runs) > 1:
         raise ValueError(f"{spec}: the folder holds runs {runs}; name one as {folder}#<run>")
