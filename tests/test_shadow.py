@@ -130,8 +130,7 @@ def test_malformed_records_are_refused_naming_the_field(tmp_path):
 _WRITER = textwrap.dedent(
     """
     import sys
-    from rlagent.host import provenance
-from rlagent.host import shadow
+    from rlagent.host import shadow
     sys.path.insert(0, {tests!r})
     from test_shadow import _record
     with shadow.ShadowLog({path!r}) as log:
