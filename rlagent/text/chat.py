@@ -41,7 +41,9 @@ tokenizer's padding token.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -434,7 +436,22 @@ def _check_end(chat: ChatFormat) -> None:
 
 
 def check_tools(chat: ChatFormat) -> None:
-    """Refuses a template that ignores `chat.tools` or cannot render `tool` messages."""
+    """Refuses a template that ignores `chat.tools` or cannot render `tool` messages. A
+    tool set that passed once with a tokenizer and template is not rendered again (the
+    loop checks every episode's tools as it starts: a BFCL batch repeats a few sets)."""
+    key = (chat.template, chat.enable_thinking, json.dumps(chat.tools, sort_keys=True))
+    passed = _TOOLS_PASSED.setdefault(chat.tokenizer, set())
+    if key in passed:
+        return
+    _check_tools(chat)
+    passed.add(key)
+
+
+# tokenizer -> the (template, enable_thinking, tools) that `check_tools` passed with it.
+_TOOLS_PASSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _check_tools(chat: ChatFormat) -> None:
     names = [tool.get("function", tool).get("name") for tool in chat.tools]
     user = [{"role": "user", "content": _PROBE_USER}]
     text = chat.decode(chat.render(user, generation_prompt=True))
