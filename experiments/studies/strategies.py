@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 import math
 import os
@@ -568,7 +567,7 @@ def _behaviour_logs(config, setup, path: str, wanted: int, *, resume: bool) -> d
     if resume and os.path.exists(marker):
         with open(marker) as handle:
             stored = json.load(handle)
-        if not os.path.exists(path) or _sha256(path) != stored["sha256"]:
+        if not os.path.exists(path) or provenance.file_sha256(path) != stored["sha256"]:
             raise RunError(
                 f"--resume: {path} is missing or is not the file logged before "
                 f"({marker} holds another sha256); pass --overwrite to start again."
@@ -579,13 +578,8 @@ def _behaviour_logs(config, setup, path: str, wanted: int, *, resume: bool) -> d
     cost = _log_behaviour(config, setup, path + ".partial", wanted)
     os.replace(path + ".partial", path)
     turns = {str(n): value for n, value in cost.items()}
-    _write_json(marker, {"sha256": _sha256(path), "logging_turns": turns})
+    _write_json(marker, {"sha256": provenance.file_sha256(path), "logging_turns": turns})
     return cost
-
-
-def _sha256(path: str) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.sha256(handle.read()).hexdigest()
 
 
 def _write_json(path: str, value: Any) -> None:

@@ -259,13 +259,18 @@ def finish(record: Mapping[str, Any], root: str | None = None) -> dict[str, Any]
     return out
 
 
+def file_sha256(path: str) -> str:
+    """The sha256 of a file's bytes (hex): how a record names the exact file it read."""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
 def _file_record(root: str, path: str) -> dict[str, Any]:
     full = os.path.join(root, path)
     record: dict[str, Any] = {"path": path}
     try:
         if os.path.isfile(full) and os.path.getsize(full) <= HASH_LIMIT:
-            with open(full, "rb") as f:
-                record["sha256"] = hashlib.sha256(f.read()).hexdigest()
+            record["sha256"] = file_sha256(full)
     except OSError:
         pass  # removed while listing
     return record

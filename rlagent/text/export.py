@@ -22,7 +22,6 @@ an `--out` that exists and is not empty (one-line `ValueError`s naming the fault
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -88,9 +87,8 @@ def _checked_source(model: dict[str, Any]) -> str:
             f"{path}: missing; the export needs the run's source checkpoint folder (its "
             "config.json and tokenizer)"
         )
-    with open(path, "rb") as f:
-        if hashlib.sha256(f.read()).hexdigest() != model["config_sha256"]:
-            raise ValueError(f"{path} is not the config.json the run read (its sha256 differs)")
+    if provenance.file_sha256(path) != model["config_sha256"]:
+        raise ValueError(f"{path} is not the config.json the run read (its sha256 differs)")
     return source
 
 

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import os
 import time
 from collections.abc import Callable
@@ -257,12 +256,12 @@ def check_model(
         load_tokenizer(model_dir), tools=tools, end_token=end_token, pad_token=pad_token,
         enable_thinking=enable_thinking,
     )  # fmt: skip
-    found = dataclasses.replace(found, config=dataclasses.replace(found.config, pad_id=chat.pad_id))
-    if remat is None and parameter_count(found.config) > REMAT_ABOVE:
-        found = dataclasses.replace(found, config=dataclasses.replace(found.config, remat=True))
+    if remat is None:
+        remat = parameter_count(found.config) > REMAT_ABOVE
+    config = dataclasses.replace(found.config, pad_id=chat.pad_id, remat=bool(remat))
+    found = dataclasses.replace(found, config=config)
     check_vocab(chat, found.config)
-    with open(os.path.join(model_dir, "config.json"), "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
+    digest = provenance.file_sha256(os.path.join(model_dir, "config.json"))
     return AgentModel(os.path.abspath(model_dir), chat, found, digest)
 
 

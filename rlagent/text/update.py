@@ -148,7 +148,9 @@ def make_text_update(
             kl_reward = -config.kl_coef * kl * trajectory.loss_mask
         estimate = estimate_advantages(trajectory, rewards, kl_reward, config)
         targets = estimate.value_targets
-        batch = _minibatches((trajectory, estimate.advantages, targets, ref_logp), config)
+        batch = _chunks(
+            (trajectory, estimate.advantages, targets, ref_logp), config.num_minibatches
+        )
 
         def step(carry, minibatch):
             params, opt_state, critic, critic_opt_state = carry
@@ -312,11 +314,6 @@ def _value_objective(config: TrainConfig):
         return loss, {"value_loss": jax.lax.stop_gradient(loss)}
 
     return objective
-
-
-def _minibatches(batch: Any, config: TrainConfig) -> Any:
-    """`[B, ...]` leaves -> `[num_minibatches, B / num_minibatches, ...]`, in order."""
-    return _chunks(batch, config.num_minibatches)
 
 
 def _chunks(batch: Any, count: int) -> Any:
