@@ -2,6 +2,7 @@
 
 import glob
 import gzip
+import lzma
 import subprocess
 import sys
 import textwrap
@@ -64,3 +65,17 @@ def test_read_falls_back_to_the_gzipped_file(tmp_path):
     assert len(writer.read()) == 2
     writer.clear()
     assert writer.read() == plain == [{"condition": "a", "update": 1, "seed": 0, "success": 0.5}]
+
+
+def test_read_falls_back_to_the_xz_file_before_the_gzipped_one(tmp_path):
+    """metrics.csv.xz (the form docs/results keeps its curves in) is read like the plain
+    file, and before a metrics.csv.gz beside it."""
+    writer = MetricWriter(str(tmp_path), tensorboard=False)
+    writer.write([{"condition": "a", "update": 1, "seed": 0, "success": 0.5}])
+    plain = writer.read()
+    with open(writer.path, "rb") as f, lzma.open(writer.path + ".xz", "wb") as x:
+        x.write(f.read())
+    with gzip.open(writer.path + ".gz", "wt") as g:
+        g.write("condition,update,seed,success\na,9,9,9\n")
+    writer.clear()
+    assert writer.read() == plain

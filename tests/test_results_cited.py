@@ -16,20 +16,21 @@ file or folder. A file under docs/results is cited when
    rule 2 covers what they read;
 3. it is part of the record of a cited flat result `<name>_summary.md` (or `.json`):
    `<name>_summary.md`, `<name>_summary.json`, `<name>_provenance.json`,
-   `<name>_metrics.csv.gz`.
+   `<name>_metrics.csv.xz`.
 
-Per-update metrics are kept as `metrics.csv.gz`, never as a plain metrics.csv (`python -m
+Per-update metrics are kept as `metrics.csv.xz`, never as a plain metrics.csv (`python -m
 experiments.analyses.compact_results <folder>`; `MetricWriter.read` reads either).
 """
 
 import json
+import lzma
 import pathlib
 import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 MENTION = re.compile(r"(?<![\w/.-])(?<![0-9a-f]{7}:)(?:docs/)?results/([\w.*{},/-]*)")
-RECORD = ("summary.md", "summary.json", "provenance.json", "metrics.csv.gz")
+RECORD = ("summary.md", "summary.json", "provenance.json", "metrics.csv.xz")
 
 
 def _pages() -> list[pathlib.Path]:
@@ -122,7 +123,7 @@ def test_every_file_under_docs_results_is_cited_by_a_page():
 def test_metrics_are_kept_compressed():
     plain = [str(p.relative_to(RESULTS)) for p in RESULTS.rglob("*metrics.csv")]
     assert not plain, (
-        "per-update metrics under docs/results are kept as metrics.csv.gz (python -m "
+        "per-update metrics under docs/results are kept as metrics.csv.xz (python -m "
         "experiments.analyses.compact_results <folder>):\n" + "\n".join(plain)
     )
 
@@ -141,7 +142,7 @@ def test_compact_results_keeps_every_row_and_the_read_columns(tmp_path):
     )
     (tmp_path / "metrics.csv").write_text(text, newline="")
     out = compact_results.compact_file(str(tmp_path / "metrics.csv"))
-    assert out == str(tmp_path / "metrics.csv.gz") and not (tmp_path / "metrics.csv").exists()
+    assert out == str(tmp_path / "metrics.csv.xz") and not (tmp_path / "metrics.csv").exists()
     rows = MetricWriter(str(tmp_path), tensorboard=False).read()
     assert [list(r) for r in rows] == [
         ["condition", "update", "seed", "success", "entropy", "eval_sampled_success", "rate"]
@@ -149,6 +150,16 @@ def test_compact_results_keeps_every_row_and_the_read_columns(tmp_path):
     assert rows[0]["entropy"] == 0.6593049 and rows[1]["success"] == 111.0
     assert isinstance(rows[1]["update"], int) and rows[1]["rate"] == 0.30000000000000004
     assert rows[0]["eval_sampled_success"] != rows[0]["eval_sampled_success"]  # NaN
-    before = (tmp_path / "metrics.csv.gz").read_bytes()
+    before = (tmp_path / "metrics.csv.xz").read_bytes()
     compact_results.compact_file(out)
-    assert (tmp_path / "metrics.csv.gz").read_bytes() == before
+    assert (tmp_path / "metrics.csv.xz").read_bytes() == before
+    # A gzipped CSV (an older committed form) is compacted into the .xz, the .gz removed.
+    compact_results.write_compressed(str(tmp_path / "old_metrics.csv.gz"), text.encode())
+    out = compact_results.compact_file(str(tmp_path / "old_metrics.csv.gz"))
+    assert (
+        out == str(tmp_path / "old_metrics.csv.xz")
+        and not (tmp_path / "old_metrics.csv.gz").exists()
+    )
+    assert lzma.decompress((tmp_path / "old_metrics.csv.xz").read_bytes()) == lzma.decompress(
+        before
+    )

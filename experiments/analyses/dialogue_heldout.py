@@ -3,7 +3,7 @@
 
     python -m experiments.analyses.dialogue_heldout docs/results/dialogue_heldout
 
-Reads the folder's metrics.csv(.gz) and writes analysis.md into it: per
+Reads the folder's metrics.csv(.xz) and writes analysis.md into it: per
 condition and seed, the success of the evaluation after the last update on 64 dialogues
 with held-out goals (sampled, greedy) minus the goal success of the training batch of the
 same update (the same policy, training goals, sampled), paired over seeds (mean,

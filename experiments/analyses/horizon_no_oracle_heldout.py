@@ -3,7 +3,7 @@
 
     python -m experiments.analyses.horizon_no_oracle_heldout docs/results/horizon_no_oracle_heldout
 
-Reads each horizon's metrics.csv(.gz) and writes analysis.md into the folder: per horizon and
+Reads each horizon's metrics.csv(.xz) and writes analysis.md into the folder: per horizon and
 condition, over the 20 seeds, the seeds with any success in a training batch and the
 largest batch success; the policy's entropy and the share of episodes without a tool
 call (ToolWorld's collapse rate) at the first and the last update; turns per episode at

@@ -3,7 +3,7 @@
     python -m experiments.analyses.sparse_vs_dense_heldout \
         docs/results/sparse_vs_dense_heldout docs/results/sparse_vs_dense_full_amd
 
-Reads each folder's metrics.csv (gzipped or not) and writes analysis.md into the first:
+Reads each folder's metrics.csv (plain or compressed) and writes analysis.md into the first:
 (1) within the held-out-tasks run, per condition and seed, the success of the last
 evaluation on held-out tasks (sampled, greedy) minus the training batch's success at the
 same update (the same policy), paired over seeds (mean, bootstrap 95% CI, sign-flip p,

@@ -176,7 +176,7 @@ def _intervals(condition, per_seed, num_seeds, final_keys, reps) -> dict[str, An
 def last_evaluation(folder: str) -> tuple[int, dict[str, dict[int, dict[str, Any]]]]:
     """`(update, {condition: {seed: row}})`: the rows of the last update with a held-out
     evaluation (`eval_sampled_success` measured) in `folder`'s metrics.csv or, without
-    it, metrics.csv.gz (the committed results'), read by `MetricWriter.read`."""
+    it, metrics.csv.xz (the committed results'), read by `MetricWriter.read`."""
     rows = [
         r
         for r in MetricWriter(folder, tensorboard=False).read()

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import csv
 import gzip
+import lzma
 import math
 import os
 import sys
 from collections.abc import Iterable
 from collections.abc import Mapping
 from typing import TextIO
+
+# How each compressed form of a file is opened (`open(path, mode)` alike).
+COMPRESSED = {".xz": lzma.open, ".gz": gzip.open}
 
 
 class MetricWriter:
@@ -29,11 +33,13 @@ class MetricWriter:
 
     def read(self) -> list[dict[str, float]]:
         """The rows on disk; a last line cut short by a killed write is ignored. Without the
-        file, its gzipped form `<filename>.gz` (a committed result's) is read if present."""
-        path = self.path if os.path.exists(self.path) else self.path + ".gz"
-        if not os.path.exists(path):
+        file, its compressed form (a committed result's: `<filename>.xz`, or `.gz`) is read
+        if present."""
+        found = [p for p in (self.path, self.path + ".xz", self.path + ".gz") if os.path.exists(p)]
+        if not found:
             return []
-        with (gzip.open if path.endswith(".gz") else open)(path, "rt", newline="") as f:
+        opener = COMPRESSED.get(os.path.splitext(found[0])[1], open)
+        with opener(found[0], "rt", newline="") as f:
             text = f.read()
         lines = text.splitlines(keepends=True)
         if lines and not lines[-1].endswith("\n"):
