@@ -283,3 +283,51 @@ def test_text_update_refuses_a_critic_it_cannot_use(fields, kwargs, match):
     values = (lambda params, trajectory: None) if kwargs.pop("values", False) else None
     with pytest.raises(ValueError, match=match):
         make_text_update(config, lambda params, trajectory: None, values=values, **kwargs)
+
+
+def test_normalize_returns_divides_the_text_rewards_by_the_running_std():
+    """`TrainConfig.normalize_returns` in the text update: the first on-policy RLOO step's
+    loss (linear in the rewards) is the unnormalised one over the batch returns' std, and
+    the statistics ride in the state to the next update."""
+    score, _, params, _, batch = _tiny_critic_setup()
+    returns = np.asarray(batch.signals["outcome"]).sum(axis=1)
+    sigma = returns.std()  # population std: m2 / count after one batch.
+    assert 0 < sigma < 1  # a mixed batch: the scale changes the loss.
+    rows = {}
+    for normalize in (False, True):
+        config = TrainConfig(num_groups=2, group_size=4, reward="outcome", estimator="rloo",
+                             num_epochs=1, num_minibatches=1, entropy_coef=0.0, kl_coef=0.0,
+                             learning_rate=1e-3, normalize_returns=normalize)  # fmt: skip
+        program = make_text_update(config, score)
+        state = program.init(jax.tree.map(lambda x: x.copy(), params))
+        ref_logp = program.reference(params, batch)
+        state, first = program.update(state, batch, ref_logp)
+        rows[normalize] = {k: float(v) for k, v in first.items()}
+        assert float(state.return_stats.count) == len(returns) * normalize
+    raw, scaled = rows[False], rows[True]
+    assert raw["policy_loss"] != 0.0
+    assert scaled["policy_loss"] == pytest.approx(raw["policy_loss"] / sigma, rel=1e-4)
+    assert scaled["return_std"] == pytest.approx(sigma, rel=1e-5) and "return_std" not in raw
+    assert scaled["reward"] == raw["reward"]  # the logged reward stays unscaled.
+
+
+def test_the_text_update_follows_the_learning_rate_schedule():
+    """The compiled trainer's optimizer (`make_optimizer`): with one update of linear
+    warm-up the first step runs at learning rate 0 (the parameters stay, AdamW's decay
+    included) and the second moves them; constant steps at once."""
+    score, _, params, _, batch = _tiny_critic_setup()
+    for warmup in (0, 1):
+        config = TrainConfig(num_updates=2, warmup_updates=warmup, lr_schedule="linear",
+                             num_groups=2, group_size=4, reward="outcome", estimator="rloo",
+                             num_epochs=1, num_minibatches=1, entropy_coef=0.0,
+                             learning_rate=1e-2)  # fmt: skip
+        program = make_text_update(config, score)
+        state = program.init(jax.tree.map(lambda x: x.copy(), params))
+        ref_logp = program.reference(params, batch)
+        moved = []
+        for _ in range(2):
+            before = [np.asarray(x) for x in jax.tree.leaves(state.params)]
+            state, _ = program.update(state, batch, ref_logp)
+            after = jax.tree.leaves(state.params)
+            moved.append(any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True)))
+        assert moved == [not warmup, True], (warmup, moved)

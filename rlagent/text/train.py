@@ -86,7 +86,6 @@ from rlagent.text.score import make_text_score
 from rlagent.text.score import make_text_values
 from rlagent.text.toolworld import ToolWorldText
 from rlagent.text.update import TextTrainState
-from rlagent.text.update import adamw
 from rlagent.text.update import check_config
 from rlagent.text.update import make_text_update
 from rlagent.train.config import TrainConfig
@@ -94,6 +93,7 @@ from rlagent.train.evaluation import EVAL_STREAM
 from rlagent.train.evaluation import EvalConfig
 from rlagent.train.ppo import NONFINITE_METRICS
 from rlagent.train.ppo import episode_metrics
+from rlagent.train.ppo import make_optimizer
 from rlagent.train.rewards import check_forms
 from rlagent.train.rewards import turn_rewards
 
@@ -166,12 +166,6 @@ def train_config(algorithm: str, **fields: Any) -> TrainConfig:
     # What a text batch cannot serve (an entropy bonus, ...); a critic comes with an
     # estimator that reads values (`rlagent.text.critic`).
     check_config(config, critic=config.uses_critic)
-    if config.lr_schedule != "constant" or config.warmup_updates:
-        raise ValueError(
-            "TrainConfig.lr_schedule must be 'constant' and warmup_updates 0: the text update "
-            f"steps at a constant learning rate (got {config.lr_schedule!r}, "
-            f"{config.warmup_updates})"
-        )
     return config
 
 
@@ -500,8 +494,8 @@ def _update_program(
     learning_rate = critic.config.learning_rate or config.learning_rate
     program = make_text_update(
         config, score, values=make_text_values(model.chat, graphdef, text_config),
-        critic_optimizer=adamw(config, learning_rate), critic_warmup=critic.config.warmup_updates,
-        mesh=mesh,
+        critic_optimizer=make_optimizer(config, learning_rate),
+        critic_warmup=critic.config.warmup_updates, mesh=mesh,
     )  # fmt: skip
     return program, params
 

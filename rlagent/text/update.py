@@ -5,6 +5,7 @@ trainer's `Trajectory`; this update trains on such a batch with the trainer's ow
 
     values     = critic(trajectory)                                      # [B, S, L], if any
     rewards    = train.rewards.turn_rewards(trajectory, config)          # [B, S]
+    rewards    = train.rewards.scale_rewards(rewards, ...)   # normalize_returns, else as is
     advantages = train.estimators.estimate_advantages(...)               # [B, S, L]
     loss       = losses.ppo_policy_loss(log pi, behaviour log pi, A, loss_mask)
                  + kl_coef * aggregate(losses.kl_penalty(log pi, log pi_ref))   # 'loss'
@@ -50,6 +51,9 @@ from rlagent.models import sharding
 from rlagent.train.config import TrainConfig
 from rlagent.train.estimators import estimate_advantages
 from rlagent.train.ppo import guarded_apply
+from rlagent.train.ppo import make_optimizer
+from rlagent.train.rewards import ReturnStats
+from rlagent.train.rewards import scale_rewards
 from rlagent.train.rewards import turn_rewards
 from rlagent.types import Trajectory
 from rlagent.types import action_rows
@@ -66,6 +70,8 @@ class TextTrainState(NamedTuple):
     step: jax.Array  # [] int32, updates done.
     critic: Any = None  # the critic's parameters (nnx.State) when the estimator reads values.
     critic_opt_state: Any = None  # its optax state.
+    # The run's episode-return statistics (`TrainConfig.normalize_returns`, `scale_rewards`).
+    return_stats: ReturnStats | None = None
 
 
 class TextUpdate(NamedTuple):
@@ -102,8 +108,8 @@ def make_text_update(
       values: `values(critic_params, trajectory) -> [B, S, L]` the critic's V at the
         generated ids, differentiable; required by a critic-based estimator and refused
         with a critic-free one.
-      optimizer: default: clip_by_global_norm(max_grad_norm) then AdamW at a constant
-        learning_rate (the trainer's, without a schedule).
+      optimizer: default: `train.ppo.make_optimizer(config)` (clip_by_global_norm, then
+        AdamW on the config's learning-rate schedule, as the compiled trainer's).
       critic_optimizer: the critic's (default: as `optimizer`'s default).
       critic_warmup: updates (from step 0) in which only the critic learns.
       mesh: the policy's (and critic's) mesh: parameters and optimiser states in FSDP
@@ -115,8 +121,8 @@ def make_text_update(
     check_config(config, critic=values is not None)
     if critic_warmup < 0 or (critic_warmup and values is None):
         raise ValueError(f"critic_warmup={critic_warmup} needs a critic and must be >= 0")
-    optimizer = optimizer or adamw(config, config.learning_rate)
-    critic_optimizer = critic_optimizer or adamw(config, config.learning_rate)
+    optimizer = optimizer or make_optimizer(config)
+    critic_optimizer = critic_optimizer or make_optimizer(config)
     reference_mesh = mesh if reference_mesh is None else reference_mesh
     micro = config.micro_batch_size
     loss = _accumulated(_policy_objective(config), score, micro)
@@ -127,7 +133,9 @@ def make_text_update(
             raise ValueError("init takes critic parameters exactly when the update has values")
         critic_opt_state = None if critic is None else critic_optimizer.init(critic)
         step = jnp.zeros((), jnp.int32)
-        state = TextTrainState(params, optimizer.init(params), step, critic, critic_opt_state)
+        state = TextTrainState(
+            params, optimizer.init(params), step, critic, critic_opt_state, ReturnStats.zeros()
+        )
         return sharding.constrain_params(state, mesh)
 
     def reference(ref_params: nnx.State, trajectory: Trajectory) -> jax.Array:
@@ -141,7 +149,8 @@ def make_text_update(
         if values is not None:  # V_old: the critic before this update's steps.
             old = jax.lax.stop_gradient(micro_mapped(values, micro)(state.critic, trajectory))
             trajectory = trajectory._replace(values=jnp.where(trajectory.loss_mask, old, 0.0))
-        rewards = turn_rewards(trajectory, config)
+        raw_rewards = turn_rewards(trajectory, config)
+        rewards, return_stats = scale_rewards(raw_rewards, state.return_stats, config)
         kl_reward = jnp.zeros(trajectory.logp.shape, jnp.float32)
         if config.kl_placement == "reward" and config.kl_coef:
             kl = losses.kl_penalty(trajectory.logp, ref_logp, kind=config.kl_kind)
@@ -177,24 +186,19 @@ def make_text_update(
         carry = (state.params, state.opt_state, state.critic, state.critic_opt_state)
         carry, stats = jax.lax.scan(epoch, carry, None, length=config.num_epochs)
         metrics = {name: jnp.mean(value) for name, value in stats.items()}
-        metrics["reward"] = jnp.mean(jnp.sum(rewards, axis=1))
+        metrics["reward"] = jnp.mean(jnp.sum(raw_rewards, axis=1))
+        if config.normalize_returns:
+            metrics["return_std"] = jnp.sqrt(return_stats.m2 / return_stats.count)
         metrics["tokens"] = jnp.sum(trajectory.loss_mask).astype(jnp.float32)
         if values is not None:
             metrics |= _value_metrics(trajectory, targets)
-        return TextTrainState(carry[0], carry[1], state.step + 1, *carry[2:]), metrics
+        state = TextTrainState(carry[0], carry[1], state.step + 1, *carry[2:], return_stats)
+        return state, metrics
 
     return TextUpdate(
         init=jax.jit(init),
         reference=jax.jit(reference),
         update=jax.jit(update, donate_argnums=0),
-    )
-
-
-def adamw(config: TrainConfig, learning_rate: float) -> optax.GradientTransformation:
-    """clip_by_global_norm(max_grad_norm), then AdamW at a constant `learning_rate`."""
-    return optax.chain(
-        optax.clip_by_global_norm(config.max_grad_norm),
-        optax.adamw(learning_rate, weight_decay=config.weight_decay),
     )
 
 

@@ -146,7 +146,7 @@ def make_train(
         carry_rollout = make_rollout(env, graphdef, rollout_config, with_carries=True)
     else:
         carry_rollout = None
-    optimizer = _make_optimizer(config)
+    optimizer = make_optimizer(config)
     batch_size = config.batch_size
     # The frozen reference costs a teacher-forced pass per update: skipped when nothing
     # reads it (then `kl_to_ref` and `kl_loss` are not measured and not reported).
@@ -618,18 +618,25 @@ def episode_metrics(env: Any, trajectory: Trajectory) -> Metrics:
     }
 
 
-def _make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
+def make_optimizer(
+    config: TrainConfig, learning_rate: float | None = None
+) -> optax.GradientTransformation:
+    """clip_by_global_norm(max_grad_norm), then AdamW at `config.lr_schedule` from
+    `learning_rate` (default `config.learning_rate`) after `warmup_updates` of linear
+    warm-up, one schedule step per minibatch step (num_updates x num_epochs x
+    num_minibatches in all). Both engines' updates use it."""
+    learning_rate = config.learning_rate if learning_rate is None else learning_rate
     steps = config.num_updates * config.num_epochs * config.num_minibatches
     warmup = config.warmup_updates * config.num_epochs * config.num_minibatches
     if config.lr_schedule == "constant":
-        schedule = optax.constant_schedule(config.learning_rate)
+        schedule = optax.constant_schedule(learning_rate)
     elif config.lr_schedule == "linear":
-        schedule = optax.linear_schedule(config.learning_rate, 0.0, max(steps - warmup, 1))
+        schedule = optax.linear_schedule(learning_rate, 0.0, max(steps - warmup, 1))
     else:
-        schedule = optax.cosine_decay_schedule(config.learning_rate, max(steps - warmup, 1))
+        schedule = optax.cosine_decay_schedule(learning_rate, max(steps - warmup, 1))
     if warmup:
         schedule = optax.join_schedules(
-            [optax.linear_schedule(0.0, config.learning_rate, warmup), schedule], [warmup]
+            [optax.linear_schedule(0.0, learning_rate, warmup), schedule], [warmup]
         )
     return optax.chain(
         optax.clip_by_global_norm(config.max_grad_norm),
