@@ -12,6 +12,7 @@ from flax import nnx
 
 from rlagent.credit import lm
 from rlagent.credit import mc
+from rlagent.credit import probe as probe_lib
 from rlagent.credit.probe import ProbeConfig
 from rlagent.envs.toolworld import ToolWorld
 from rlagent.envs.toolworld import dsl
@@ -121,6 +122,25 @@ def test_training_logs_credit_accuracy_every_k_updates(env):
     turns = np.asarray(metrics["credit_num_turns"])
     assert turns[0] > 0 and np.isnan(turns[1])  # measured on update 0, not on update 1
     assert np.isfinite(np.asarray(metrics["credit_relative_variance"])[0])
+    rmse = np.asarray(metrics["credit_value_rmse"])  # gae_turn trains a critic.
+    assert rmse[0] >= abs(float(metrics["credit_value_bias"][0])) and np.isnan(rmse[1])
+
+
+def test_value_error_is_the_critic_minus_the_monte_carlo_value_on_played_turns():
+    values = np.zeros((2, 3, 4), np.float32)  # [B, S, L]; V before a turn at its token 0.
+    values[:, :, 0] = [[0.5, 0.2, 9.0], [1.0, 0.0, 0.0]]
+    values[:, :, 1:] = 7.0  # other tokens' values are not read.
+    mc_value = np.array([[0.0, 0.6, 0.0], [1.0, 0.0, 0.0]], np.float32)
+    played = np.array([[True, True, False], [True, False, False]])
+    zeros = np.zeros((2, 3), np.float32)
+    prefix = mc.TurnSignals(played, {}, played, played)
+    mc_values = mc.MCValues(*[zeros] * len(mc.MCValues._fields))._replace(value=mc_value)
+    out = probe_lib._value_error(jnp.asarray(values), mc_values, prefix)
+    errors = np.array([0.5, -0.4, 0.0])  # the 9.0 of an unplayed turn is left out.
+    np.testing.assert_allclose(float(out["credit_value_rmse"]), np.sqrt(np.mean(errors**2)),
+                               rtol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(float(out["credit_value_bias"]), errors.mean(), rtol=1e-6)
+    assert all(np.isnan(float(x)) for x in probe_lib._value_error(None, None, None).values())
 
 
 def test_only_the_measured_updates_trace_the_monte_carlo(env, monkeypatch):

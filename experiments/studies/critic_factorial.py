@@ -9,7 +9,8 @@ form and the horizon, with enough seeds for a real effect to reject:
 - critics (`config.critics`, `CRITICS`): `shared` (the value head on the policy's trunk,
   the default), `separate` (its own critic LM, `PolicyConfig.value_head='separate'`),
   `normalized` (shared head, returns divided by a running standard deviation,
-  `TrainConfig.normalize_returns`);
+  `TrainConfig.normalize_returns`); and the shared critic's sensitivity variants
+  `value_coef_0.1`, `value_coef_2` (the value loss's weight) and `no_value_clip`;
 - reward forms (`config.conditions`, the first is the reference, e.g. the sparse
   outcome) and horizons (`config.horizons`) as in the horizon sweep, with
   `train.estimator` and no estimator comparison.
@@ -63,12 +64,18 @@ CRITICS: dict[str, dict[str, dict[str, Any]]] = {
     "shared": {},
     "separate": {"model": {"value_head": "separate"}},
     "normalized": {"train": {"normalize_returns": True}},
+    # The shared critic's sensitivity (experiments/configs/critic_sensitivity.py): the
+    # value loss's weight beside the policy loss in the one trunk (there is one AdamW, so
+    # this is the critic's step size relative to the policy's), and no value clipping.
+    "value_coef_0.1": {"train": {"value_coef": 0.1}},
+    "value_coef_2": {"train": {"value_coef": 2.0}},
+    "no_value_clip": {"train": {"value_clip": None}},
 }
 REFERENCE_CRITIC = "shared"
 # Per-seed values of factorial.csv that the summary gives an interval for.
 METRICS = ("success", "greedy_success", "gain", "auc_turns", "entropy", "env_turns")
 # Credit-accuracy scores of the probe kept per seed (horizon_sweep.CREDIT_METRICS).
-CREDIT = ("spearman", "sign_agreement")
+CREDIT = ("spearman", "sign_agreement", "value_rmse")
 # Random sign vectors of the sign-flip test (p-values >= 1 / (draws + 1), about 1e-5).
 SIGN_FLIP_DRAWS = 100_000
 
@@ -214,7 +221,8 @@ def seed_rows(
                 auc_turns=auc,
                 turn_budget=budgets[horizon],
                 **{
-                    f"credit_{m}_{when}": float(row[f"credit_{m}_{when}"])
+                    # Runs written before the value error was measured lack its column.
+                    f"credit_{m}_{when}": float(row.get(f"credit_{m}_{when}", "nan"))
                     for m in CREDIT
                     for when in ("first", "last")
                 },

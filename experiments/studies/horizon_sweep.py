@@ -58,7 +58,9 @@ from rlagent.train.ppo import make_train
 
 FILES = ("horizon.csv", "horizon.png", "summary.md", "summary.json", provenance.FILENAME)
 # Credit-accuracy scores (rlagent.credit.probe) kept per seed: first and last measurement.
-CREDIT_METRICS = ("spearman", "sign_agreement", "auroc_verdict")
+# The probe's credit scores, and the critic's error against the Monte-Carlo V(s)
+# (`rlagent.credit.probe.VALUE_METRICS`; NaN for critic-free estimators).
+CREDIT_METRICS = ("spearman", "sign_agreement", "auroc_verdict", "value_rmse", "value_bias")
 # Folded into a seed's key for its warm start (the training keys stay as they are).
 WARM_START_STREAM = 0xB0C
 # `config.warm_start_horizons` value: every horizon clones demonstrations of its own tasks.

@@ -106,10 +106,12 @@ def make_credit_probe(
             prefix.turn_mask,
             verdict_of(prefix),
         )
-        return _named(scores)
+        critic = first(trajectory.values) if config.uses_critic else None
+        return {**_named(scores), **_value_error(critic, values, prefix)}
 
     def skipped():
-        return _named([jnp.nan] * len(accuracy.CreditAccuracy._fields))
+        nan = [jnp.nan] * len(accuracy.CreditAccuracy._fields)
+        return {**_named(nan), **_value_error(None, None, None)}
 
     return CreditProbe(
         rollout=make_rollout(env, graphdef, rollout_config, with_carries=True),
@@ -117,6 +119,30 @@ def make_credit_probe(
         skipped=skipped,
         every=probe.every,
     )
+
+
+# The critic against the Monte-Carlo V(s) of the same turns (`_value_error`).
+VALUE_METRICS = ("credit_value_rmse", "credit_value_bias")
+
+
+def _value_error(
+    values: jax.Array | None, mc_values: mc.MCValues | None, prefix: mc.TurnSignals | None
+) -> dict[str, jax.Array]:
+    """The critic's V before each played turn (`values[:, :, 0]`, what turn-level GAE
+    reads) against the Monte-Carlo V(s) of the policy under the run's reward form:
+    root-mean-square error and mean error (critic minus Monte Carlo) over the played
+    turns. NaN without a critic (`values` None: a critic-free estimator trains no value
+    head). A critic trained on normalised returns (`normalize_returns`) predicts returns
+    in units of the running std, so its error is in those units, not the reward's."""
+    if values is None:
+        return {name: jnp.full((), jnp.nan, jnp.float32) for name in VALUE_METRICS}
+    mask = prefix.turn_mask.astype(jnp.float32)
+    count = jnp.maximum(jnp.sum(mask), 1.0)
+    error = (values[:, :, 0] - mc_values.value) * mask
+    return {
+        "credit_value_rmse": jnp.sqrt(jnp.sum(jnp.square(error)) / count),
+        "credit_value_bias": jnp.sum(error) / count,
+    }
 
 
 def _named(scores) -> dict[str, jax.Array]:
