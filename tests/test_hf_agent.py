@@ -579,6 +579,7 @@ BAD_CONFIGS = {
                   "CriticConfig.learning_rate must be > 0"),
     "dpo_critic": (lambda c: (setattr(c, "algorithm", "online_dpo"),
                               c.train.update(estimator="gae_turn")), "online DPO trains no critic"),
+    "tree": (lambda c: c.train.update(estimator="tree_grpo"), "trains on tree rollouts"),
     "sampling": (lambda c: c.sampling.update(max_new_tokens=0), "TextConfig.max_new_tokens"),
     "dtype": (lambda c: c.model.update(dtype="int8"), "config.model.dtype"),
     "param_dtype": (lambda c: c.model.update(param_dtype="float16"), "config.model.param_dtype"),

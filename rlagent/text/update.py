@@ -48,6 +48,7 @@ from flax import nnx
 
 from rlagent import losses
 from rlagent.models import sharding
+from rlagent.train.config import ESTIMATOR_TABLE
 from rlagent.train.config import TrainConfig
 from rlagent.train.estimators import estimate_advantages
 from rlagent.train.ppo import guarded_apply
@@ -334,7 +335,7 @@ def check_config(config: TrainConfig, *, critic: bool) -> None:
     """Refuses what a text batch cannot serve: a critic-based estimator without a critic
     (or a critic beside a critic-free one), bootstrapping a truncated episode (the loop
     scores no state after the last turn), an entropy bonus (the scorer gives log pi of the
-    sampled ids only) and an adaptive KL."""
+    sampled ids only), an adaptive KL and a tree estimator (no tree rollouts)."""
     if config.uses_critic and not critic:
         raise ValueError(
             f"TrainConfig.estimator={config.estimator!r} reads a critic's values: give the "
@@ -358,6 +359,12 @@ def check_config(config: TrainConfig, *, critic: bool) -> None:
         )
     if config.kl_target is not None:
         raise ValueError("TrainConfig.kl_target (an adaptive KL) is not supported in text mode")
+    if ESTIMATOR_TABLE[config.estimator].tree:
+        raise ValueError(
+            f"TrainConfig.estimator={config.estimator!r} trains on tree rollouts (leaves "
+            "forked from a root at a branch turn, rlagent.train.tree), which the text loop "
+            "does not play; use grpo, gigpo, rloo or reinforce_pp"
+        )
 
 
 def _check_batch(trajectory: Trajectory, config: TrainConfig) -> None:
