@@ -274,6 +274,53 @@ def rloo_advantages(
     return jnp.where(count > 1, scores - others_mean, 0.0)
 
 
+def turn_rloo_advantages(
+    turn_returns: jax.Array,
+    turn_mask: jax.Array,
+    group_ids: jax.Array,
+    *,
+    num_groups: int,
+    check_inputs: bool = False,
+) -> jax.Array:
+    """Turn-level leave-one-out baseline `A_{i,t} = G_{i,t} - mean_{j != i, j in g(i)} G_{j,t}`.
+
+    `G_{j,t}` is episode j's return from turn index t, 0 once j has ended. The baseline of
+    turn t of episode i is a function of turn t and of the other episodes of the group
+    only, which are independent of episode i's actions, so `E[grad log pi(a_{i,t}) b] = 0`
+    and the policy gradient stays unbiased even when the policy chooses how many turns it
+    takes (the episodes that ended before t count with return 0 rather than dropping out
+    of the mean).
+
+    The per-turn-index normalisation of MT-GRPO-style estimators instead sums, over the
+    turns k >= t that episode i itself still plays, a baseline of the episodes alive at k:
+    the number of baseline terms is set by i's own stopping turn, an action-dependent
+    baseline, and the expected gradient differs from the true one (verl-project/verl#7244;
+    `tests/test_turn_baseline.py` enumerates a small task where both are exact).
+
+    Args:
+      turn_returns: `[B, S]` float returns from each turn (0 on unplayed turns).
+      turn_mask: `[B, S]` bool, the played turns.
+      group_ids: `[B]` int group of each episode, in `[0, num_groups)` (checked as in
+        `grpo_advantages`).
+      num_groups: number of group slots.
+      check_inputs: check traced ids at run time (needs `checkify.checkify`).
+
+    Returns:
+      `[B, S]` float32 advantages, 0 on unplayed turns and in groups of one episode.
+    """
+    chex.assert_rank(turn_returns, 2)
+    chex.assert_equal_shape((turn_returns, turn_mask))
+    returns = jnp.where(turn_mask, turn_returns, 0.0).astype(jnp.float32)
+    per_turn = jax.vmap(
+        lambda column: rloo_advantages(
+            column, group_ids, num_groups=num_groups, check_inputs=check_inputs
+        ),
+        in_axes=1,
+        out_axes=1,
+    )(returns)
+    return jnp.where(turn_mask, per_turn, 0.0)
+
+
 def reinforce_pp_returns(
     rewards: jax.Array,
     mask: jax.Array,

@@ -211,6 +211,24 @@ def rloo(inputs: EstimatorInputs, settings: EstimatorSettings) -> Estimate:
     return _episode_estimate(episode, inputs.trajectory)
 
 
+def rloo_turn(inputs: EstimatorInputs, settings: EstimatorSettings) -> Estimate:
+    """Return from each turn minus the other group members' return from the same turn
+    index (0 for members that had ended): a turn-level baseline that stays unbiased when
+    the agent chooses how many turns to take (`advantages.turn_rloo_advantages`)."""
+    traj = inputs.trajectory
+    step_returns = returns_lib.discounted_returns(
+        inputs.turn_rewards, traj.turn_mask, gamma=settings.gamma
+    )
+    per_turn = adv_lib.turn_rloo_advantages(
+        step_returns,
+        traj.turn_mask,
+        inputs.group_ids,
+        num_groups=settings.num_groups,
+        check_inputs=settings.check_inputs,
+    )
+    return Estimate(_to_tokens(per_turn, traj), jnp.zeros_like(traj.values))
+
+
 def reinforce_pp(inputs: EstimatorInputs, settings: EstimatorSettings) -> Estimate:
     """REINFORCE++: discounted token returns, whitened over the batch."""
     traj = inputs.trajectory
@@ -280,6 +298,7 @@ ESTIMATORS: dict[str, Estimator] = {
     "grpo": Estimator(grpo, uses_critic=False, grouped=True),
     "drgrpo": Estimator(drgrpo, uses_critic=False, grouped=True),
     "rloo": Estimator(rloo, uses_critic=False, grouped=True),
+    "rloo_turn": Estimator(rloo_turn, uses_critic=False, grouped=True),
     "reinforce_pp": Estimator(reinforce_pp, uses_critic=False, grouped=False),
     "gigpo": Estimator(gigpo, uses_critic=False, grouped=True),
     "tree_grpo": Estimator(tree_grpo, uses_critic=False, grouped=True, tree=True),
