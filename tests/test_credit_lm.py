@@ -124,6 +124,8 @@ def test_training_logs_credit_accuracy_every_k_updates(env):
     assert np.isfinite(np.asarray(metrics["credit_relative_variance"])[0])
     rmse = np.asarray(metrics["credit_value_rmse"])  # gae_turn trains a critic.
     assert rmse[0] >= abs(float(metrics["credit_value_bias"][0])) and np.isnan(rmse[1])
+    cosine = np.asarray(metrics["credit_grad_cosine"])  # the shared trunk's two gradients.
+    assert -1.0 <= cosine[0] <= 1.0 and cosine[0] != 0.0 and np.isnan(cosine[1])
 
 
 def test_value_error_is_the_critic_minus_the_monte_carlo_value_on_played_turns():

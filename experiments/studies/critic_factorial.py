@@ -75,7 +75,7 @@ REFERENCE_CRITIC = "shared"
 # Per-seed values of factorial.csv that the summary gives an interval for.
 METRICS = ("success", "greedy_success", "gain", "auc_turns", "entropy", "env_turns")
 # Credit-accuracy scores of the probe kept per seed (horizon_sweep.CREDIT_METRICS).
-CREDIT = ("spearman", "sign_agreement", "value_rmse")
+CREDIT = ("spearman", "sign_agreement", "value_rmse", "grad_cosine")
 # Random sign vectors of the sign-flip test (p-values >= 1 / (draws + 1), about 1e-5).
 SIGN_FLIP_DRAWS = 100_000
 

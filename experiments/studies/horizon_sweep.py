@@ -58,9 +58,12 @@ from rlagent.train.ppo import make_train
 
 FILES = ("horizon.csv", "horizon.png", "summary.md", "summary.json", provenance.FILENAME)
 # Credit-accuracy scores (rlagent.credit.probe) kept per seed: first and last measurement.
-# The probe's credit scores, and the critic's error against the Monte-Carlo V(s)
-# (`rlagent.credit.probe.VALUE_METRICS`; NaN for critic-free estimators).
-CREDIT_METRICS = ("spearman", "sign_agreement", "auroc_verdict", "value_rmse", "value_bias")
+# The probe's credit scores, the critic's error against the Monte-Carlo V(s)
+# (`rlagent.credit.probe.VALUE_METRICS`) and the cosine between the policy's and the
+# value's gradients (`train.ppo._gradient_cosine`); the last three NaN without a critic.
+CREDIT_METRICS = (
+    "spearman", "sign_agreement", "auroc_verdict", "value_rmse", "value_bias", "grad_cosine",
+)  # fmt: skip
 # Folded into a seed's key for its warm start (the training keys stay as they are).
 WARM_START_STREAM = 0xB0C
 # `config.warm_start_horizons` value: every horizon clones demonstrations of its own tasks.

@@ -14,6 +14,7 @@ With a `jax.sharding.Mesh`, the episodes of every batch are laid along its data 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -136,6 +137,12 @@ def make_train(
     score = make_score(env, graphdef, rollout_config)
     score_sum = make_score_sum(env, graphdef, rollout_config, _token_loss(config))
     probe = None if credit_probe is None else credit_probe(graphdef)
+    # With a critic, the probe's updates also measure how the policy's and the value's
+    # gradients meet (`_gradient_cosine`): the loss without its value term.
+    policy_sum = None
+    if probe is not None and config.uses_critic and config.value_coef > 0:
+        policy_only = _token_loss(dataclasses.replace(config, value_coef=0.0))
+        policy_sum = make_score_sum(env, graphdef, rollout_config, policy_only)
     prm = None if prm is None else prm(graphdef)
     _check_tree_extras(config, prm)
     credit_every = 0 if probe is None else _probe_period(probe)
@@ -258,6 +265,12 @@ def make_train(
             )
         elif probe is not None:
             metrics.update(probe.skipped())
+        if policy_sum is not None:
+            metrics["credit_grad_cosine"] = (
+                _gradient_cosine(state.params, batch, state.kl_coef, score_sum, policy_sum, config)
+                if measure_credit
+                else jnp.full((), jnp.nan, jnp.float32)
+            )
         if needs_ref:
             metrics["kl_to_ref"] = kl_now
         new_state = state._replace(
@@ -280,6 +293,40 @@ def make_train(
     return Trainer(
         init=init, update=update, updates=updates, train=train, rollout=rollout, graphdef=graphdef
     )
+
+
+def _gradient_cosine(
+    params: nnx.State,
+    batch: _Batch,
+    kl_coef: jax.Array,
+    score_sum: Callable,
+    policy_sum: Callable,
+    config: TrainConfig,
+) -> jax.Array:
+    """Cosine between the gradients of the loss's policy part (clipped objective, entropy,
+    KL) and of its value part, on the parameters both reach, for the whole batch at the
+    update's starting parameters. The value part's gradient is the full loss's minus the
+    policy part's, over `value_coef`. "Both reach" is leaf by leaf: the LM head gets no
+    value gradient and the value head no policy gradient, so with a trunk-shared critic
+    the cosine is over the trunk (embeddings, blocks, state encoder); with a separate
+    critic no leaf is shared and it is NaN. Negative: the two losses pull the shared
+    weights apart."""
+
+    def grad(summed):
+        loss = functools.partial(_ppo_loss, score_sum=summed, config=config)
+        return jax.grad(lambda p: loss(p, batch, kl_coef)[0])(params)
+
+    full, policy = grad(score_sum), grad(policy_sum)
+    value = jax.tree.map(lambda f, p: (f - p) / config.value_coef, full, policy)
+    dots, policy_sq, value_sq = [], [], []
+    for p, v in zip(jax.tree.leaves(policy), jax.tree.leaves(value), strict=True):
+        p, v = p.astype(jnp.float32).ravel(), v.astype(jnp.float32).ravel()
+        shared = (jnp.any(p != 0) & jnp.any(v != 0)).astype(jnp.float32)
+        dots.append(shared * jnp.dot(p, v))
+        policy_sq.append(shared * jnp.dot(p, p))
+        value_sq.append(shared * jnp.dot(v, v))
+    norms = jnp.sqrt(sum(policy_sq) * sum(value_sq))
+    return jnp.where(norms > 0, sum(dots) / jnp.where(norms > 0, norms, 1.0), jnp.nan)
 
 
 def policy_graphdef(policy_config: PolicyConfig) -> nnx.GraphDef:
