@@ -11,8 +11,10 @@ Declared before it runs: critics `shared` (the reference: value_coef 0.5, value 
 critic_factorial.CRITICS) x the sparse outcome (reference) and the clean process verdict,
 turn-level GAE, horizon 12 only, 10 seeds (0-9, paired: every cell of a seed starts from
 the same warm start), the critic factorial's budget otherwise (60 updates of 8 x 8
-episodes). The credit probe (every 30 updates, 4 episodes x 4 continuations) also logs the
-critic's error against the Monte-Carlo V(s) (`credit_value_rmse`, `credit_value_bias`).
+episodes). The credit probe (every 30 updates: updates 0 and 30, 4 episodes x 4
+continuations) also logs the critic's error against the Monte-Carlo V(s)
+(`credit_value_rmse`, `credit_value_bias`) and the cosine between the policy part's and
+the value part's gradients on the shared trunk (`credit_grad_cosine`).
 
 Questions, in this order: (1) the `reward` family: for each critic, process minus outcome
 in held-out sampled success (sign-flip test, Holm over the 4 critics); (2) the `critic`
