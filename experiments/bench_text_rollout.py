@@ -187,8 +187,10 @@ def timed_loop(loop, timer: _Timer, probe):
     return loop._replace(cached=cached)
 
 
-def play_engine(engine, chat, graphdef, params, policy_config, text, make_env) -> dict:
-    """One engine's warm-up and timed batch: its episodes and per-turn timings."""
+def play_engine(engine, chat, model, text, make_env) -> dict:
+    """One engine's warm-up and timed batch: its episodes and per-turn timings; `model` is
+    `(graphdef, params, policy_config)`."""
+    graphdef, params, policy_config = model
     loop = make_text_loop(chat, graphdef, policy_config, dataclasses.replace(text, engine=engine))
     count = _EPISODES.value
     keys = jax.random.split(jax.random.key(_SEED.value), count)
@@ -287,7 +289,7 @@ def main(argv):
     if _MODEL.value != "small":
         shape = MODELS[_MODEL.value]
     policy_config = PolicyConfig(pad_id=chat.pad_id, **shape)
-    graphdef, params = nnx.split(Llama(policy_config, rngs=nnx.Rngs(_SEED.value)))
+    model = (*nnx.split(Llama(policy_config, rngs=nnx.Rngs(_SEED.value))), policy_config)
     text = sizes()
 
     def make_env():
@@ -296,7 +298,7 @@ def main(argv):
 
     played = {}
     for engine in ENGINES:
-        played[engine] = play_engine(engine, chat, graphdef, params, policy_config, text, make_env)
+        played[engine] = play_engine(engine, chat, model, text, make_env)
         print(engine, json.dumps({k: v for k, v in summary(played[engine]).items()
                                   if k != "turns"}), flush=True)  # fmt: skip
     new, old = (played[name]["episodes"] for name in ENGINES)

@@ -323,8 +323,8 @@ def decode(
     logits: jax.Array,
     start: jax.Array,
     key: jax.Array,
-    done: jax.Array,
     *,
+    done: jax.Array | None = None,
     max_new_tokens: int,
     temperature: float = 1.0,
     top_k: int = 0,
@@ -341,12 +341,14 @@ def decode(
       logits: [B, V] float32 next-token logits after the context (`prefill`'s).
       start: int32 scalar, the slot of the first sampled token.
       key: PRNG key; step s draws its Gumbel noise from `fold_in(key, s)`.
-      done: [B] bool rows that sample nothing (their outputs are padding).
+      done: optional [B] bool rows that sample nothing (their outputs are padding).
     Returns:
       Generation(tokens [B, N], logp [B, N], mask [B, N]) and the cache (the last sampled
       token of a row is not in it).
     """
     lm = as_llama(nnx.merge(graphdef, params))
+    if done is None:
+        done = jnp.zeros(logits.shape[:1], bool)
     return _decode(
         lm, cache, logits, start, key, done, max_new_tokens=max_new_tokens,
         temperature=temperature, top_k=top_k, top_p=top_p, logits_mask=logits_mask,

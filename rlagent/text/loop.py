@@ -5,15 +5,25 @@ A text environment speaks messages:
     messages = env.reset(seed)                       # system / user messages
     messages, signals, done = env.step(text)         # the assistant's text of one turn
 
-and the loop plays B of them at once: every turn, the live episodes' transcripts are
-left-padded into one batch and one jitted program samples the next assistant turn of
-each (`rlagent.models.sampler.generate`: KV cache, stop at the end-of-turn token,
+and the loop plays B of them at once: every turn, jitted programs sample the next
+assistant turn of each live episode (KV cache, stop at the end-of-turn token,
 `TextConfig.max_new_tokens` per turn, each row from its own key); then each environment
 steps on the decoded text and its reply is appended as template tokens
-(`rlagent.text.chat`). The policy's ids are kept as generated.
+(`rlagent.text.chat`). The policy's ids are kept as generated. Two engines
+(`TextConfig.engine`, the same samples for the same keys):
 
-Left padding keeps RoPE exact: a query and a key interact through their slot difference
-only, so a transcript at slots [P - n, P) scores as it would at [0, n).
+* 'cached' (default): each episode keeps its KV cache for the whole `play` call, and a
+  turn appends to it only the tokens it does not hold yet (the whole transcript at the
+  first turn of a call; then the previous turn's last sampled id and the template tokens
+  the turn reads: `sampler.prefill`), then decodes from there (`sampler.decode`). Memory:
+  one cache of `TextConfig.cache_len` = P + max(L, prefill_chunk) slots per episode of
+  the call (the longest transcript plus the overhang of a prefill piece), whatever the
+  turn. An episode's slots are its positions 0..n-1, so a prefilled token costs
+  attention over the cache, not a transcript prefilled again.
+* 'reprefill': the live transcripts are left-padded into one [B, P] batch and prefilled
+  again every turn (`sampler.generate`). Left padding keeps RoPE exact: a query and a
+  key interact through their slot difference only, so a transcript at slots [P - n, P)
+  scores as it would at [0, n).
 
 Forks: an `Episode` holds its Python environment, so `fork(episode)` (a deep copy) is the
 state of the episode at its current turn, and turn t of an episode samples with
@@ -416,7 +426,7 @@ def _cached_sampler(graphdef, policy_config, config, logits_mask, settings) -> C
 
     def decode_row(params, cache, logits, start, key, active):
         out, cache = decode(
-            graphdef, params, cache, logits[None], start, key, ~active[None],
+            graphdef, params, cache, logits[None], start, key, done=~active[None],
             logits_mask=logits_mask, **settings,
         )  # fmt: skip
         return jax.tree.map(lambda x: x[0], out), cache
