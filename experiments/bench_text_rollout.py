@@ -21,14 +21,17 @@ tokenizer's banned). max_prompt_len is the longest transcript the sizes allow (n
 truncated), obs_len the first prompt.
 
 Each engine first plays `--warmup_turns` turns of another batch (compiles), then the timed
-batch in one `play` call. Per turn: wall seconds (from one turn's first device call to the
-next's), device seconds in prefill and in decode (each program timed to its result), host
-seconds (the rest: rendering, tokenising, environment steps, batching). The re-prefill
-engine prefills and decodes in one program; its prefill share is timed by a probe beside
-it (the same program with one new token, not counted in the wall time). Tokens per second
-are generated tokens over the summed wall time. JSON keys: `engines.<name>` (turns, rates,
-splits), `speedup_vs_reprefill`, `turn16_over_turn2` (the cached engine's wall time of turn 16
-over turn 2; null unless --turns=16; `turn_last_over_turn2`: of the last turn),
+batch in one `play` call: the cached engine `--repeats` times (the same keys, the same
+tokens; per turn the median of each time), the re-prefill engine, 5-10x slower, once. Per
+turn: wall seconds (from one turn's first device call to the next's), device seconds in
+prefill and in decode (each program timed to its result), host seconds (the rest:
+rendering, tokenising, environment steps, batching). The re-prefill engine prefills and
+decodes in one program; its prefill share is timed by a probe beside it (the same program
+with one new token, not counted in the wall time), so its decode share is device minus
+probe, noisy turn by turn on a shared CPU. Tokens per second are generated tokens over the
+summed (median) wall time. JSON keys: `engines.<name>` (turns, rates, splits),
+`speedup_vs_reprefill`, `turn16_over_turn2` (the cached engine's wall time of turn 16 over
+turn 2; null unless --turns=16; `turn_last_over_turn2`: of the last turn),
 `identical_tokens` (every transcript equal) and `max_abs_logp_diff`, `tunix` (why Tunix's
 sampler did not run when it did not), `provenance` (`rlagent.host.provenance`).
 """
@@ -75,6 +78,7 @@ _NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens of an assistant reply
 _WORDS = flags.DEFINE_integer("words", 48, "Words of the texts (at most 676).")
 _CHUNK = flags.DEFINE_integer("prefill_chunk", 64, "TextConfig.prefill_chunk.")
 _WARMUP = flags.DEFINE_integer("warmup_turns", 2, "Untimed turns per engine (compiles).")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed plays of the cached engine (medians).")
 _SEED = flags.DEFINE_integer("seed", 0, "Model, task and sampling seed.")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the results here.")
 
@@ -196,7 +200,6 @@ def play_engine(engine, chat, model, text, make_env) -> dict:
     keys = jax.random.split(jax.random.key(_SEED.value), count)
     warm = [loop.start(make_env(), 10**6 + i) for i in range(count)]
     loop.play(params, warm, keys, num_turns=_WARMUP.value)
-    timer = _Timer()
     probe = None
     if engine == "reprefill":
         settings = dict(end_id=chat.end_id, pad_id=chat.pad_id, temperature=text.temperature)
@@ -209,12 +212,19 @@ def play_engine(engine, chat, model, text, make_env) -> dict:
 
         probe = jax.jit(jax.vmap(probe_row, in_axes=(None, 0, 0, 0)))
         jax.block_until_ready(probe(params, *_probe_args(text, count, chat.pad_id), keys))
-    timed = timed_loop(loop, timer, probe)
-    episodes = [loop.start(make_env(), i) for i in range(count)]
-    began = time.perf_counter()
-    timed.play(params, episodes, keys)
-    wall = time.perf_counter() - began - timer.probe_s
-    return dict(episodes=episodes, timings=_turns(timer, began, wall + timer.probe_s), wall=wall)
+    plays = []
+    for _ in range(_REPEATS.value if engine == "cached" else 1):
+        timer = _Timer()
+        timed = timed_loop(loop, timer, probe)
+        episodes = [loop.start(make_env(), i) for i in range(count)]
+        began = time.perf_counter()
+        timed.play(params, episodes, keys)
+        elapsed = time.perf_counter() - began
+        plays.append(_turns(timer, began, elapsed))
+    # Per turn and field, the median over the plays (the same keys: the same tokens).
+    turns = [{key: float(np.median([play[t][key] for play in plays])) for key in plays[0][t]}
+             for t in range(len(plays[0]))]  # fmt: skip
+    return dict(episodes=episodes, timings=turns, wall=sum(t["wall_s"] for t in turns))
 
 
 def _probe_args(text: TextConfig, rows: int, pad_id: int):
@@ -237,8 +247,8 @@ def _turns(timer: _Timer, began: float, elapsed: float) -> list[dict]:
         prefill = spent["prefill"] + spent["probe"]
         wall = stop - start - spent["probe"]
         turns.append(dict(
-            turn=index + 1, wall_s=wall, prefill_s=prefill, decode_s=device - prefill,
-            host_s=wall - device,
+            turn=index + 1, wall_s=wall, device_s=device, prefill_s=prefill,
+            decode_s=device - prefill, host_s=wall - device,
         ))  # fmt: skip
     if turns:  # the host work before the first device call (batching) joins turn 1.
         turns[0]["wall_s"] += starts[0] - began
@@ -272,7 +282,8 @@ def tunix_status() -> str:
 
 def main(argv):
     del argv
-    for name in ("episodes", "turns", "first_len", "reply_min", "max_new_tokens", "words"):
+    for name in ("episodes", "turns", "first_len", "reply_min", "max_new_tokens", "words",
+                 "repeats"):  # fmt: skip
         if flags.FLAGS[name].value < 1:
             raise app.UsageError(f"--{name} must be >= 1, got {flags.FLAGS[name].value}")
     if _WORDS.value > 26 * 26:
@@ -281,7 +292,7 @@ def main(argv):
         raise app.UsageError(f"--reply_max must be >= --reply_min={_REPLY_MIN.value}")
     settings = {name: flags.FLAGS[name].value for name in (
         "model", "episodes", "turns", "first_len", "reply_min", "reply_max", "max_new_tokens",
-        "words", "prefill_chunk", "warmup_turns", "seed",
+        "words", "prefill_chunk", "warmup_turns", "repeats", "seed",
     )}  # fmt: skip
     record = provenance.collect(settings)
     chat = word_chat(_WORDS.value)

@@ -14,7 +14,8 @@ def test_bench_text_rollout_smallest_shape_writes_its_keys(tmp_path):
     out = tmp_path / "bench_text_rollout.json"
     command = [sys.executable, "-m", "experiments.bench_text_rollout", "--episodes=2",
                "--turns=3", "--first_len=8", "--reply_min=2", "--reply_max=6",
-               "--max_new_tokens=4", "--warmup_turns=1", f"--json_out={out}"]  # fmt: skip
+               "--max_new_tokens=4", "--warmup_turns=1", "--repeats=2",
+               f"--json_out={out}"]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(out.read_text())

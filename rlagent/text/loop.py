@@ -72,6 +72,7 @@ from rlagent.models.sampler import allowed_to_mask
 from rlagent.models.sampler import decode
 from rlagent.models.sampler import generate
 from rlagent.models.sampler import prefill
+from rlagent.models.sharding import DATA
 from rlagent.text.chat import ChatFormat
 from rlagent.text.chat import Message
 from rlagent.text.chat import MessageSpan
@@ -216,6 +217,17 @@ class CachedSampler(NamedTuple):
     decode: Any
     init: Any  # rows -> the empty caches of that many episodes (`TextConfig.cache_len`).
     width: int  # W: max_prompt_len rounded up to a multiple of prefill_chunk.
+    # The rows split over the data axis of a mesh (None: one device); a group's rows are
+    # a multiple of that axis's size.
+    sharding: jax.sharding.NamedSharding | None = None
+
+    def place(self, *arrays):
+        """The row-major arrays of a call, on the devices of their rows."""
+        return arrays if self.sharding is None else jax.device_put(arrays, self.sharding)
+
+    @property
+    def row_multiple(self) -> int:
+        return 1 if self.sharding is None else self.sharding.mesh.shape[DATA]
 
 
 class TextLoop(NamedTuple):
@@ -284,17 +296,21 @@ class TextLoop(NamedTuple):
         does not hold yet (the first turn of a call: the whole transcript; later: the
         previous turn's last sampled id, then the template tokens the turn reads), then
         decodes until every row of the group has ended its turn. A group whose episodes
-        are all over is skipped; an episode over in a live group samples nothing."""
-        size = len(episodes)
+        are all over is skipped; an episode over in a live group samples nothing. The
+        groups of a turn are all dispatched before the first is fetched, so the host
+        steps a group's environments while the device samples the next groups."""
+        size, multiple = len(episodes), self.cached.row_multiple
         rows = min(self.config.sample_batch or size, size)
         groups = [np.arange(s, min(s + rows, size)) for s in range(0, size, rows)]
+        rows = -(-rows // multiple) * multiple
         caches = [self.cached.init(rows) for _ in groups]
         held = np.zeros(size, np.int64)  # the transcript tokens each episode's cache holds.
         played = 0
         while any(not e.over for e in episodes) and (num_turns is None or played < num_turns):
             turn_index = jnp.asarray([len(e.turns) for e in episodes], jnp.int32)
             turn_keys = jax.vmap(jax.random.fold_in)(keys, turn_index)
-            for g, group in enumerate(groups):
+            sampled = []  # every group dispatched first: the device samples the later
+            for g, group in enumerate(groups):  # groups while the host advances the first.
                 if all(episodes[r].over for r in group):
                     continue
                 padded = np.r_[group, np.full(rows - len(group), group[0])]
@@ -302,6 +318,9 @@ class TextLoop(NamedTuple):
                     params, caches[g], [episodes[r] for r in group], held[group],
                     turn_keys[padded],
                 )  # fmt: skip
+                sampled.append((group, out))
+            for group, out in sampled:
+                out = jax.tree.map(np.asarray, out)
                 for i, r in enumerate(group):
                     episode = episodes[r]
                     if episode.over:
@@ -315,8 +334,8 @@ class TextLoop(NamedTuple):
         return list(episodes)
 
     def _cached_turn(self, params, caches, members, held, keys):
-        """One turn of a group: `(Generation on the host, caches)`; rows past `members`
-        (padding) and episodes over sample nothing."""
+        """One turn of a group, dispatched: `(Generation, caches)` on the device; rows
+        past `members` (padding) and episodes over sample nothing."""
         rows = len(keys)
         tokens = np.full((rows, self.cached.width), self.chat.pad_id, np.int32)
         count, start = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
@@ -324,9 +343,11 @@ class TextLoop(NamedTuple):
             if not episode.over:
                 new = episode.tokens[held[i] :]
                 tokens[i, : len(new)], count[i], start[i] = new, len(new), held[i]
+        tokens, count, start, active, keys = self.cached.place(
+            tokens, count, start, count > 0, keys
+        )
         logits, caches = self.cached.prefill(params, caches, tokens, count, start)
-        out, caches = self.cached.decode(params, caches, logits, start + count, keys, count > 0)
-        return jax.tree.map(np.asarray, out), caches
+        return self.cached.decode(params, caches, logits, start + count, keys, active)
 
     def _sample(self, params, prompts, valid, keys) -> Generation:
         """`sample` over the rows in calls of at most `config.sample_batch` rows (when the
@@ -386,10 +407,13 @@ class TextLoop(NamedTuple):
 
 
 def make_text_loop(
-    chat: ChatFormat, graphdef: nnx.GraphDef, policy_config: PolicyConfig, config: TextConfig
-) -> TextLoop:
+    chat: ChatFormat, graphdef: nnx.GraphDef, policy_config: PolicyConfig, config: TextConfig,
+    *, mesh: jax.sharding.Mesh | None = None,
+) -> TextLoop:  # fmt: skip
     """The loop of a policy (`nnx.split` of a Llama, ContextLM or Policy: its LM reads the
     transcript as a plain causal LM) with the model's own tokenizer and chat template.
+    With `mesh` (`rlagent.models.sharding.fsdp_mesh`) the 'cached' engine splits its rows
+    (episodes, caches) over the mesh's data axis; the parameters stay as given (FSDP).
 
     Refused (`ChatTemplateError`): a policy vocabulary smaller than the tokenizer's, or
     another padding token (`chat.check_vocab`).
@@ -411,14 +435,20 @@ def make_text_loop(
     sample = jax.jit(jax.vmap(row, in_axes=(None, 0, 0, 0)))
     cached = None
     if config.engine == "cached":
-        cached = _cached_sampler(graphdef, policy_config, config, logits_mask, settings)
+        sampling = (logits_mask, settings, mesh)
+        cached = _cached_sampler(graphdef, policy_config, config, sampling)
     return TextLoop(chat=chat, config=config, sample=sample, cached=cached)
 
 
-def _cached_sampler(graphdef, policy_config, config, logits_mask, settings) -> CachedSampler:
+def _cached_sampler(graphdef, policy_config, config, sampling) -> CachedSampler:
     """The 'cached' engine's programs: `sampler.prefill` and `sampler.decode` on one row,
-    mapped over the rows (each its own slots), the caches donated."""
+    mapped over the rows (each its own slots), the caches donated; `sampling` is
+    `(logits_mask, generation settings, mesh or None)`."""
+    logits_mask, settings, mesh = sampling
     chunk = config.prefill_chunk
+    rows = (
+        None if mesh is None else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(DATA))
+    )
 
     def prefill_row(params, cache, tokens, count, start):
         logits, cache = prefill(graphdef, params, cache, tokens[None], count, start, chunk=chunk)
@@ -431,16 +461,17 @@ def _cached_sampler(graphdef, policy_config, config, logits_mask, settings) -> C
         )  # fmt: skip
         return jax.tree.map(lambda x: x[0], out), cache
 
-    @functools.partial(jax.jit, static_argnums=0)
-    def init(rows):
+    @functools.partial(jax.jit, static_argnums=0, out_shardings=rows)
+    def init(count):
         one = init_cache(policy_config, 1, config.cache_len)
-        return jax.tree.map(lambda x: jnp.broadcast_to(x, (rows, *x.shape)), one)
+        return jax.tree.map(lambda x: jnp.broadcast_to(x, (count, *x.shape)), one)
 
     return CachedSampler(
         prefill=jax.jit(jax.vmap(prefill_row, in_axes=(None, 0, 0, 0, 0)), donate_argnums=1),
         decode=jax.jit(jax.vmap(decode_row, in_axes=(None, 0, 0, 0, 0, 0)), donate_argnums=1),
         init=init,
         width=-(-config.max_prompt_len // chunk) * chunk,
+        sharding=rows,
     )
 
 
