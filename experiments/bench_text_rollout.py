@@ -21,15 +21,15 @@ tokenizer's banned). max_prompt_len is the longest transcript the sizes allow (n
 truncated), obs_len the first prompt.
 
 Each engine first plays `--warmup_turns` turns of another batch (compiles), then the timed
-batch in one `play` call: the cached engine `--repeats` times (the same keys, the same
-tokens; per turn the median of each time), the re-prefill engine, 5-10x slower, once. Per
-turn: wall seconds (from one turn's first device call to the next's), device seconds in
-prefill and in decode (each program timed to its result), host seconds (the rest:
-rendering, tokenising, environment steps, batching). The re-prefill engine prefills and
-decodes in one program; its prefill share is timed by a probe beside it (the same program
-with one new token, not counted in the wall time), so its decode share is device minus
-probe, noisy turn by turn on a shared CPU. Tokens per second are generated tokens over the
-summed (median) wall time. JSON keys: `engines.<name>` (turns, rates, splits),
+batch in one `play` call, `--repeats` times, the engines alternated so that both see the
+same load (the same keys, the same tokens; per turn the median of each time). Per turn:
+wall seconds (from one turn's first device call to the next's), device seconds in prefill
+and in decode (each program timed to its result), host seconds (the rest: rendering,
+tokenising, environment steps, batching). The re-prefill engine prefills and decodes in
+one program; its prefill share is timed by a probe beside it (the same program with one
+new token, not counted in the wall time), so its decode share is device minus probe, noisy
+turn by turn on a shared CPU. Tokens per second are generated tokens over the summed
+(median) wall time. JSON keys: `engines.<name>` (turns, rates, splits),
 `speedup_vs_reprefill`, `turn16_over_turn2` (the cached engine's wall time of turn 16 over
 turn 2; null unless --turns=16; `turn_last_over_turn2`: of the last turn),
 `identical_tokens` (every transcript equal) and `max_abs_logp_diff`, `tunix` (why Tunix's
@@ -78,7 +78,7 @@ _NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens of an assistant reply
 _WORDS = flags.DEFINE_integer("words", 48, "Words of the texts (at most 676).")
 _CHUNK = flags.DEFINE_integer("prefill_chunk", 64, "TextConfig.prefill_chunk.")
 _WARMUP = flags.DEFINE_integer("warmup_turns", 2, "Untimed turns per engine (compiles).")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed plays of the cached engine (medians).")
+_REPEATS = flags.DEFINE_integer("repeats", 2, "Timed plays of each engine, alternated.")
 _SEED = flags.DEFINE_integer("seed", 0, "Model, task and sampling seed.")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the results here.")
 
@@ -191,9 +191,9 @@ def timed_loop(loop, timer: _Timer, probe):
     return loop._replace(cached=cached)
 
 
-def play_engine(engine, chat, model, text, make_env) -> dict:
-    """One engine's warm-up and timed batch: its episodes and per-turn timings; `model` is
-    `(graphdef, params, policy_config)`."""
+def prepare(engine, chat, model, text, make_env) -> dict:
+    """One engine's loop, compiled by its warm-up turns (and the re-prefill engine's probe);
+    `model` is `(graphdef, params, policy_config)`."""
     graphdef, params, policy_config = model
     loop = make_text_loop(chat, graphdef, policy_config, dataclasses.replace(text, engine=engine))
     count = _EPISODES.value
@@ -212,18 +212,24 @@ def play_engine(engine, chat, model, text, make_env) -> dict:
 
         probe = jax.jit(jax.vmap(probe_row, in_axes=(None, 0, 0, 0)))
         jax.block_until_ready(probe(params, *_probe_args(text, count, chat.pad_id), keys))
-    plays = []
-    for _ in range(_REPEATS.value if engine == "cached" else 1):
-        timer = _Timer()
-        timed = timed_loop(loop, timer, probe)
-        episodes = [loop.start(make_env(), i) for i in range(count)]
-        began = time.perf_counter()
-        timed.play(params, episodes, keys)
-        elapsed = time.perf_counter() - began
-        plays.append(_turns(timer, began, elapsed))
-    # Per turn and field, the median over the plays (the same keys: the same tokens).
-    turns = [{key: float(np.median([play[t][key] for play in plays])) for key in plays[0][t]}
-             for t in range(len(plays[0]))]  # fmt: skip
+    return dict(loop=loop, params=params, keys=keys, probe=probe)
+
+
+def timed_play(prepared: dict, make_env) -> tuple[list, list[dict]]:
+    """`(episodes, per-turn timings)` of one timed play of the batch."""
+    timer, loop = _Timer(), prepared["loop"]
+    timed = timed_loop(loop, timer, prepared["probe"])
+    episodes = [loop.start(make_env(), i) for i in range(_EPISODES.value)]
+    began = time.perf_counter()
+    timed.play(prepared["params"], episodes, prepared["keys"])
+    return episodes, _turns(timer, began, time.perf_counter() - began)
+
+
+def median_play(plays: list) -> dict:
+    """Per turn and field the median over the plays (the same keys: the same tokens)."""
+    episodes, first = plays[-1][0], plays[0][1]
+    turns = [{key: float(np.median([play[1][t][key] for play in plays])) for key in first[t]}
+             for t in range(len(first))]  # fmt: skip
     return dict(episodes=episodes, timings=turns, wall=sum(t["wall_s"] for t in turns))
 
 
@@ -307,11 +313,13 @@ def main(argv):
         reply = (_REPLY_MIN.value, _REPLY_MAX.value)
         return _ToolReplies(_TURNS.value, _FIRST.value, reply, _WORDS.value)
 
-    played = {}
-    for engine in ENGINES:
-        played[engine] = play_engine(engine, chat, model, text, make_env)
-        print(engine, json.dumps({k: v for k, v in summary(played[engine]).items()
-                                  if k != "turns"}), flush=True)  # fmt: skip
+    prepared = {engine: prepare(engine, chat, model, text, make_env) for engine in ENGINES}
+    plays = {engine: [] for engine in ENGINES}
+    for repeat in range(_REPEATS.value):  # alternated: both engines see the same load.
+        for engine in ENGINES:
+            plays[engine].append(timed_play(prepared[engine], make_env))
+            print(repeat, engine, f"{plays[engine][-1][1][-1]}", flush=True)
+    played = {engine: median_play(plays[engine]) for engine in ENGINES}
     new, old = (played[name]["episodes"] for name in ENGINES)
     pairs = [
         pair for x, y in zip(new, old, strict=True) for pair in zip(x.turns, y.turns, strict=False)
