@@ -258,6 +258,7 @@ def test_the_cached_engine_samples_as_the_reprefill_engine(setup):
         text = dataclasses.replace(CONFIG, engine=engine, sample_batch=2, prefill_chunk=16)
         loop = make_text_loop(chat, graphdef, config, text)
         assert (loop.cached is None) == (engine == "reprefill")
+        assert loop.play(params, [], keys[:0]) == []
         episodes = [
             loop.start(GuessNumber(low=100, high=999, max_turns=6, use_tools=True), seed)
             for seed in range(3)

@@ -300,6 +300,8 @@ class TextLoop(NamedTuple):
         groups of a turn are all dispatched before the first is fetched, so the host
         steps a group's environments while the device samples the next groups."""
         size, multiple = len(episodes), self.cached.row_multiple
+        if all(e.over for e in episodes) or num_turns == 0:
+            return list(episodes)
         rows = min(self.config.sample_batch or size, size)
         groups = [np.arange(s, min(s + rows, size)) for s in range(0, size, rows)]
         rows = -(-rows // multiple) * multiple
