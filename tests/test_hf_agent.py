@@ -659,7 +659,8 @@ for name, folder, cfg, kwargs in [("other_mesh", "part", config(0, 3), dict(resu
 cfg = config(4)
 train, text, tasks = hf_agent.build(cfg, "toolworld_text")
 agent = text_train.check_model(model, tasks.tools)
-_, params = text_train.make_text_run(train, text, tasks, agent, mesh=hf_agent.mesh(cfg))
+run, params = text_train.make_text_run(train, text, tasks, agent, mesh=hf_agent.mesh(cfg))
+result["cache"] = str(run.loop.cached.init(4).k.sharding.spec)
 big = max(jax.tree.leaves(params), key=lambda leaf: leaf.size)
 result["big"] = dict(spec=str(big.sharding.spec), devices=len(big.sharding.device_set),
                      shard=list(big.addressable_shards[0].data.shape), shape=list(big.shape))
@@ -669,8 +670,8 @@ print(json.dumps(result))
 
 def test_fsdp_mesh_trains_as_one_device_and_resumes_exactly(toolworld_model, tmp_path):
     """`--config.mesh.devices=4 --config.mesh.data=2` on 8 fake CPU devices, PPO with its
-    critic: parameters in FSDP layout, the same rows as on one device (float rounding), an
-    exact resume; a
+    critic: parameters in FSDP layout, the sampler's episodes over the data axis, the same
+    rows as on one device (float rounding), an exact resume; a
     resume on another mesh and a batch that does not split over the devices are refused."""
     script = MESH_SCRIPT.format(root=ROOT, tests=os.path.join(ROOT, "tests"))
     command = [sys.executable, "-c", script, str(toolworld_model), str(tmp_path)]
@@ -680,6 +681,7 @@ def test_fsdp_mesh_trains_as_one_device_and_resumes_exactly(toolworld_model, tmp
     big = result["big"]  # the tied embedding [768, 32]: rows over the 2-way fsdp axis.
     assert big["shape"] == [768, 32] and big["spec"] == "P('fsdp', None)", big
     assert big["devices"] == 4 and big["shard"] == [384, 32]
+    assert result["cache"] == "P('data',)", result  # sampled rows over data.
     one, mesh, part = (_rows(tmp_path / name) for name in ("one", "mesh", "part"))
     assert float(mesh[1]["kl_ref"]) > 1e-9  # the first update moved the policy.
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]  # noqa: E731

@@ -176,7 +176,7 @@ def test_scoring_reads_transcript_len_positions_and_a_longer_row_scores_nan(setu
     traj = setup["loop"].trajectory(setup["episodes"])
     assert CONFIG.transcript_len == 362 < token_view(traj).tokens.shape[1] == 3 * (256 + 10)
     lengths = [len(e.tokens) for e in setup["episodes"]]
-    narrow = dataclasses.replace(CONFIG, max_prompt_len=sorted(lengths)[1] - 10)
+    narrow = dataclasses.replace(CONFIG, max_prompt_len=min(lengths) - 10)
     assert min(lengths) <= narrow.transcript_len < max(lengths), lengths  # both kinds of row.
     score = make_text_score(setup["chat"], setup["graphdef"], setup["config"], narrow)
     logp, mask = np.asarray(score(setup["params"], traj)), np.asarray(traj.loss_mask)
@@ -246,8 +246,40 @@ def test_sampling_in_calls_of_sample_batch_rows_changes_no_sample(setup):
         TextConfig(sample_batch=-1)
 
 
+def test_the_cached_engine_samples_as_the_reprefill_engine(setup):
+    """For the same keys, the engine that keeps each episode's KV cache across turns gives
+    the tokens of the one that prefills every transcript again, log-probs within 1e-5:
+    5 turns in two calls of `play` (the second rebuilds the caches), prefill pieces of 16
+    tokens, calls of 2 rows (the last padded), episodes cut by max_prompt_len."""
+    chat, graphdef, config, params = (setup[k] for k in ("chat", "graphdef", "config", "params"))
+    keys = jax.random.split(jax.random.key(5), 3)
+    played = {}
+    for engine in ("cached", "reprefill"):
+        text = dataclasses.replace(CONFIG, engine=engine, sample_batch=2, prefill_chunk=16)
+        loop = make_text_loop(chat, graphdef, config, text)
+        assert (loop.cached is None) == (engine == "reprefill")
+        assert loop.play(params, [], keys[:0]) == []
+        episodes = [
+            loop.start(GuessNumber(low=100, high=999, max_turns=6, use_tools=True), seed)
+            for seed in range(3)
+        ]
+        loop.play(params, episodes, keys, num_turns=1)
+        played[engine] = loop.play(params, episodes, keys)
+    turns = [len(e.turns) for e in played["cached"]]
+    assert min(turns) >= 3 and any(e.truncated for e in played["cached"]), turns
+    for cached, reprefill in zip(played["cached"], played["reprefill"], strict=True):
+        assert cached.tokens == reprefill.tokens and cached.truncated == reprefill.truncated
+        for a, b in zip(cached.turns, reprefill.turns, strict=True):
+            np.testing.assert_allclose(a.logp, b.logp, atol=1e-5)
+    with pytest.raises(ValueError, match="TextConfig.engine must be one of"):
+        TextConfig(engine="paged")
+    with pytest.raises(ValueError, match="TextConfig.prefill_chunk must be an integer >= 1"):
+        TextConfig(prefill_chunk=0)
+
+
 def _scripted(chat, calls):
-    """A sampler that writes `calls[i][row]` (then END) at its i-th call."""
+    """A sampler that writes `calls[i][row]` (then END) at its i-th call (the re-prefill
+    engine's `sample`: the loops that use it set `cached=None`)."""
     calls = iter(calls)
 
     def sample(params, prompts, valid, keys):
@@ -263,7 +295,9 @@ def _scripted(chat, calls):
 
 def test_turns_ended_by_the_policy_and_a_solved_episode(setup):
     chat = make_chat(setup["tokenizer"])
-    loop = setup["loop"]._replace(chat=chat, sample=_scripted(chat, [["3", "5"], ["5", "-"]]))
+    loop = setup["loop"]._replace(
+        chat=chat, sample=_scripted(chat, [["3", "5"], ["5", "-"]]), cached=None
+    )
     episodes = [loop.start(GuessNumber(low=5, high=5), seed) for seed in range(2)]
     loop.play(None, episodes, setup["keys"][:2])
     first, second = episodes
@@ -293,12 +327,12 @@ def test_turns_ended_by_the_policy_and_a_solved_episode(setup):
 def test_an_episode_past_the_sizes_ends_truncated_and_the_loop_goes_on(setup):
     chat = make_chat(setup["tokenizer"])
     script = [["3", "3"]] * 3
-    loop = setup["loop"]._replace(chat=chat, sample=_scripted(chat, [["3"]] * 3))
+    loop = setup["loop"]._replace(chat=chat, sample=_scripted(chat, [["3"]] * 3), cached=None)
     env = lambda: GuessNumber(low=5, high=5, max_turns=3)  # noqa: E731
     (full,) = loop.play(None, [loop.start(env(), 0)], setup["keys"][:1])
     before_second = len(full.turns[0].obs) + len(full.turns[0].action) + len(full.turns[1].obs)
     tight = dataclasses.replace(CONFIG, max_prompt_len=before_second - 1)
-    loop = loop._replace(config=tight, sample=_scripted(chat, script))
+    loop = loop._replace(config=tight, sample=_scripted(chat, script), cached=None)
     cut, whole = loop.play(None, [loop.start(env(), 0), loop.start(env(), 0)], setup["keys"][:2])
     for episode in (cut, whole):  # the same episode twice: both cut after one turn.
         assert len(episode.turns) == 1 and episode.over and not episode.done
@@ -323,7 +357,7 @@ def test_a_generation_prompt_other_than_the_assistant_header_is_kept_as_read(set
         "<|im_start|>assistant\n{% endif %}", "<|im_start|>assistant\n- {% endif %}"
     )
     chat = make_chat(tiny_tokenizer(template))
-    loop = setup["loop"]._replace(chat=chat, sample=_scripted(chat, [["3"], ["4"]]))
+    loop = setup["loop"]._replace(chat=chat, sample=_scripted(chat, [["3"], ["4"]]), cached=None)
     env = GuessNumber(low=5, high=5, max_turns=2)
     (episode,) = loop.play(None, [loop.start(env, 0)], setup["keys"][:1])
     text = chat.decode(episode.tokens)

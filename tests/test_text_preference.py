@@ -44,7 +44,7 @@ def setup():
         for g in range(GROUPS)
         for _ in range(SIZE)
     ]
-    loop.play(params, episodes, jax.random.split(jax.random.key(3), len(episodes)))
+    loop.play(params, episodes, jax.random.split(jax.random.key(11), len(episodes)))
     return dict(
         chat=chat, config=policy_config, graphdef=graphdef, params=params,
         episodes=episodes, trajectory=loop.trajectory(episodes),

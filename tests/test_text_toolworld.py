@@ -351,7 +351,9 @@ def test_the_oracle_calls_written_as_text_solve_episodes_in_the_loop(loop):
     loop, _ = loop
     config = dataclasses.replace(LOOP_CONFIG, max_new_tokens=128)
     episodes = [loop.start(make_toolworld_text(level=2), seed) for seed in range(2)]
-    scripted = loop._replace(config=config, sample=_oracle_sampler(loop.chat, episodes, 128))
+    scripted = loop._replace(
+        config=config, sample=_oracle_sampler(loop.chat, episodes, 128), cached=None
+    )
     scripted.play(None, episodes, jax.random.split(jax.random.key(0), 2))
     traj = scripted.trajectory(episodes)
     np.testing.assert_array_equal(traj.turn_mask, [[1, 1, 1, 0, 0]] * 2)  # the shortest plan.

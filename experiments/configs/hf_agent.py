@@ -10,7 +10,8 @@ Usage:
 Sections: `env` (one sub-section per --env: `toolworld_text`, ToolWorldConfig fields;
 `bfcl`, the task pool: categories, split, one task or all), `eval` (held-out evaluation),
 `preference` (online DPO), `sampling` (rlagent.text.TextConfig fields: tokens per turn,
-prompt sizes, temperature), `train` (the update: rlagent.train.config.TrainConfig fields:
+prompt sizes, temperature, the engine: 'cached' KV caches kept across turns, the default,
+or 'reprefill'), `train` (the update: rlagent.train.config.TrainConfig fields:
 updates, tasks per update = num_groups, group_size, learning rate, KL to the reference,
 ...; the fields left None take the algorithm's values, rlagent.text.train.ALGORITHMS) and
 `model` (compute and parameter dtypes, rematerialisation; end-of-turn and padding tokens,

@@ -19,9 +19,11 @@ from typing import NamedTuple
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from rlagent.models.llama import NEG_INF
+from rlagent.models.llama import KVCache
 from rlagent.models.llama import Llama
 from rlagent.models.llama import init_cache
 
@@ -211,18 +213,10 @@ class Generation(NamedTuple):
     mask: jax.Array  # [B, N] bool tokens actually generated (END included).
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "graphdef",
-        "max_new_tokens",
-        "temperature",
-        "top_k",
-        "top_p",
-        "end_id",
-        "pad_id",
-    ),
-)
+_SETTINGS = ("max_new_tokens", "temperature", "top_k", "top_p", "end_id", "pad_id")
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", *_SETTINGS))
 def generate(
     graphdef: nnx.GraphDef,
     params: nnx.State,
@@ -240,14 +234,13 @@ def generate(
 ) -> Generation:
     """Samples continuations of token prompts with a KV cache (one compiled program).
 
-    The prompt is prefilled in one pass; then each step samples a token and feeds it
-    (`max_new_tokens - 1` cached single-token passes). Rows stop at `end_id`; later
-    positions hold `pad_id`.
+    The prompt is prefilled in one pass, then `decode` samples: at most `max_new_tokens`
+    tokens, stopping when every row has reached `end_id` (later positions hold `pad_id`).
 
     Args:
       graphdef, params: `nnx.split` of a `Llama`, a `ContextLM` or a `Policy` (its actor).
       prompt: [B, P] int32 tokens.
-      key: PRNG key (the Gumbel noise of every step is drawn from it up front).
+      key: PRNG key (step s draws its Gumbel noise from `fold_in(key, s)`).
       logits_mask: optional additive mask [V] or [B, V] applied at every step (e.g. a
         guardrail / DSL mask: 0 allowed, -inf banned).
       prompt_valid: optional [B, P] bool, False on prompt padding (never attended to).
@@ -255,47 +248,166 @@ def generate(
       Generation(tokens [B, N], logp [B, N], mask [B, N]).
     """
     chex.assert_rank(prompt, 2)
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     lm = as_llama(nnx.merge(graphdef, params))
     batch, prompt_len = prompt.shape
     if prompt_valid is None:
         prompt_valid = jnp.ones(prompt.shape, bool)
     chex.assert_equal_shape([prompt, prompt_valid])
-    if logits_mask is not None and logits_mask.shape[-1] != lm.config.vocab_size:
-        raise ValueError(
-            f"logits_mask has {logits_mask.shape[-1]} entries, vocab_size is {lm.config.vocab_size}"
-        )
     cache = init_cache(lm.config, batch, prompt_len + max_new_tokens)
-    hidden, cache = lm(lm.embed(prompt), prompt_valid, cache, 0)
-    sample = functools.partial(
-        sample_with_noise, temperature=temperature, top_k=top_k, top_p=top_p, mask=logits_mask
-    )
-    vocab = lm.config.vocab_size
-    noise = jax.random.gumbel(key, (max_new_tokens, batch, vocab), jnp.float32)
+    hidden, cache = lm(lm.embed(prompt), prompt_valid, cache, 0, read=np.asarray([prompt_len - 1]))
+    out, _ = _decode(
+        lm, cache, lm.logits(hidden[:, 0]), prompt_len, key, jnp.zeros((batch,), bool),
+        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+        logits_mask=logits_mask, end_id=end_id, pad_id=pad_id,
+    )  # fmt: skip
+    return out
 
-    def emit(logits, done, step_noise):
-        token, logp = sample(step_noise, logits)
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "chunk"), donate_argnames=("cache",))
+def prefill(
+    graphdef: nnx.GraphDef,
+    params: nnx.State,
+    cache: KVCache,
+    tokens: jax.Array,
+    count: jax.Array,
+    start: jax.Array,
+    *,
+    chunk: int,
+) -> tuple[jax.Array, KVCache]:
+    """Appends `count` tokens to a cache holding `start` slots: the next-token logits.
+
+    The tokens are written at slots `[start, start + count)` in pieces of `chunk` (a
+    `lax.while_loop` of `ceil(count / chunk)` passes, so one program serves every count);
+    the positions past `count` of the last piece are written as invalid keys, which the
+    next write overwrites. The cache needs `start + count - 1 + chunk` slots at least.
+
+    Args:
+      graphdef, params: as `generate`'s.
+      cache: the KVCache of B rows whose first `start` slots hold their context.
+      tokens: [B, W] int32, W a multiple of `chunk`; positions past `count` are ignored.
+      count: int32 scalar >= 0, the tokens to append (the same in every row; `vmap` a
+        one-row call for rows of their own counts, as `rlagent.text.loop` does).
+      start: int32 scalar, the first slot written.
+    Returns:
+      [B, V] float32 logits after the last appended token (undefined when count is 0)
+      and the cache.
+    """
+    chex.assert_rank(tokens, 2)
+    if tokens.shape[1] % chunk:
+        raise ValueError(
+            f"prefill: tokens width {tokens.shape[1]} is not a multiple of chunk={chunk}"
+        )
+    lm = as_llama(nnx.merge(graphdef, params))
+    batch = tokens.shape[0]
+
+    def piece(carry):
+        index, cache, _ = carry
+        offset = index * chunk
+        ids = jax.lax.dynamic_slice_in_dim(tokens, offset, chunk, axis=1)
+        valid = jnp.broadcast_to(offset + jnp.arange(chunk) < count, ids.shape)
+        read = jnp.clip(count - 1 - offset, 0, chunk - 1)[None]
+        hidden, cache = lm(lm.embed(ids), valid, cache, start + offset, read=read)
+        return index + 1, cache, hidden[:, 0]
+
+    last = jnp.zeros((batch, lm.config.d_model), jnp.dtype(lm.config.dtype))
+    carry = (jnp.int32(0), cache, last)
+    _, cache, last = jax.lax.while_loop(lambda c: c[0] * chunk < count, piece, carry)
+    return lm.logits(last), cache
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", *_SETTINGS), donate_argnames=("cache",))
+def decode(
+    graphdef: nnx.GraphDef,
+    params: nnx.State,
+    cache: KVCache,
+    logits: jax.Array,
+    start: jax.Array,
+    key: jax.Array,
+    *,
+    done: jax.Array | None = None,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    logits_mask: jax.Array | None = None,
+    end_id: int | None = None,
+    pad_id: int = 0,
+) -> tuple[Generation, KVCache]:
+    """Samples from `logits` on, feeding each token to the cache: `generate`'s decoding.
+
+    Args:
+      cache: the KVCache whose first `start` slots hold the context; it needs
+        `start + max_new_tokens - 1` slots.
+      logits: [B, V] float32 next-token logits after the context (`prefill`'s).
+      start: int32 scalar, the slot of the first sampled token.
+      key: PRNG key; step s draws its Gumbel noise from `fold_in(key, s)`.
+      done: optional [B] bool rows that sample nothing (their outputs are padding).
+    Returns:
+      Generation(tokens [B, N], logp [B, N], mask [B, N]) and the cache (the last sampled
+      token of a row is not in it).
+    """
+    lm = as_llama(nnx.merge(graphdef, params))
+    if done is None:
+        done = jnp.zeros(logits.shape[:1], bool)
+    return _decode(
+        lm, cache, logits, start, key, done, max_new_tokens=max_new_tokens,
+        temperature=temperature, top_k=top_k, top_p=top_p, logits_mask=logits_mask,
+        end_id=end_id, pad_id=pad_id,
+    )  # fmt: skip
+
+
+def _decode(
+    lm, cache, logits, start, key, done, *, max_new_tokens, temperature, top_k, top_p,
+    logits_mask, end_id, pad_id,
+) -> tuple[Generation, KVCache]:  # fmt: skip
+    """`decode` on a merged LM: a `lax.while_loop` that ends when every row has sampled
+    `end_id` (or after `max_new_tokens` steps); step s draws Gumbel noise [B, V] from
+    `fold_in(key, s)`, so a row's tokens depend on its key and context only, not on how
+    many steps the batch runs."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    vocab = lm.config.vocab_size
+    if logits_mask is not None and logits_mask.shape[-1] != vocab:
+        raise ValueError(f"logits_mask has {logits_mask.shape[-1]} entries, vocab_size is {vocab}")
+    chex.assert_rank(logits, 2)
+    batch = logits.shape[0]
+
+    def emit(step, logits, done):
+        noise = jax.random.gumbel(jax.random.fold_in(key, step), (batch, vocab), jnp.float32)
+        token, logp = sample_with_noise(
+            noise, logits, temperature=temperature, top_k=top_k, top_p=top_p, mask=logits_mask
+        )
         live = ~done
         token = jnp.where(live, token, pad_id)
         finished = done | (token == end_id) if end_id is not None else done
         return token, jnp.where(live, logp, 0.0), live, finished
 
-    first = emit(lm.logits(hidden[:, -1]), jnp.zeros((batch,), bool), noise[0])
+    def write(buffers, step, out):
+        return tuple(
+            jax.lax.dynamic_update_slice_in_dim(buffer, value[:, None], step, axis=1)
+            for buffer, value in zip(buffers, out, strict=True)
+        )
 
-    def step(carry, inputs):
-        index, step_noise = inputs
-        token, _, live, done, cache = carry
-        hidden, cache = lm(lm.embed(token[:, None]), live[:, None], cache, prompt_len + index - 1)
-        out = emit(lm.logits(hidden[:, 0]), done, step_noise)
-        return (*out, cache), out[:3]
-
-    steps = jnp.arange(1, max_new_tokens, dtype=jnp.int32)
-    _, (tokens, logp, live) = jax.lax.scan(step, (*first, cache), (steps, noise[1:]))
-    stack = lambda head, rest: jnp.concatenate([head[:, None], rest.T], axis=1)  # noqa: E731
-    return Generation(
-        tokens=stack(first[0], tokens), logp=stack(first[1], logp), mask=stack(first[2], live)
+    buffers = (
+        jnp.full((batch, max_new_tokens), pad_id, jnp.int32),
+        jnp.zeros((batch, max_new_tokens), jnp.float32),
+        jnp.zeros((batch, max_new_tokens), bool),
     )
+    token, logp, live, done = emit(0, logits, done)
+    buffers = write(buffers, 0, (token, logp, live))
+
+    def step(carry):
+        index, token, live, done, cache, buffers = carry
+        hidden, cache = lm(lm.embed(token[:, None]), live[:, None], cache, start + index - 1)
+        token, logp, live, done = emit(index, lm.logits(hidden[:, 0]), done)
+        return index + 1, token, live, done, cache, write(buffers, index, (token, logp, live))
+
+    def going(carry):
+        return (carry[0] < max_new_tokens) & ~jnp.all(carry[3])
+
+    carry = (jnp.int32(1), token, live, done, cache, buffers)
+    *_, cache, (tokens, logp, mask) = jax.lax.while_loop(going, step, carry)
+    return Generation(tokens=tokens, logp=logp, mask=mask), cache
 
 
 def as_llama(module: nnx.Module) -> Llama:

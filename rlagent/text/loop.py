@@ -5,15 +5,25 @@ A text environment speaks messages:
     messages = env.reset(seed)                       # system / user messages
     messages, signals, done = env.step(text)         # the assistant's text of one turn
 
-and the loop plays B of them at once: every turn, the live episodes' transcripts are
-left-padded into one batch and one jitted program samples the next assistant turn of
-each (`rlagent.models.sampler.generate`: KV cache, stop at the end-of-turn token,
+and the loop plays B of them at once: every turn, jitted programs sample the next
+assistant turn of each live episode (KV cache, stop at the end-of-turn token,
 `TextConfig.max_new_tokens` per turn, each row from its own key); then each environment
 steps on the decoded text and its reply is appended as template tokens
-(`rlagent.text.chat`). The policy's ids are kept as generated.
+(`rlagent.text.chat`). The policy's ids are kept as generated. Two engines
+(`TextConfig.engine`, the same samples for the same keys):
 
-Left padding keeps RoPE exact: a query and a key interact through their slot difference
-only, so a transcript at slots [P - n, P) scores as it would at [0, n).
+* 'cached' (default): each episode keeps its KV cache for the whole `play` call, and a
+  turn appends to it only the tokens it does not hold yet (the whole transcript at the
+  first turn of a call; then the previous turn's last sampled id and the template tokens
+  the turn reads: `sampler.prefill`), then decodes from there (`sampler.decode`). Memory:
+  one cache of `TextConfig.cache_len` = P + max(L, prefill_chunk) slots per episode of
+  the call (the longest transcript plus the overhang of a prefill piece), whatever the
+  turn. An episode's slots are its positions 0..n-1, so a prefilled token costs
+  attention over the cache, not a transcript prefilled again.
+* 'reprefill': the live transcripts are left-padded into one [B, P] batch and prefilled
+  again every turn (`sampler.generate`). Left padding keeps RoPE exact: a query and a
+  key interact through their slot difference only, so a transcript at slots [P - n, P)
+  scores as it would at [0, n).
 
 Forks: an `Episode` holds its Python environment, so `fork(episode)` (a deep copy) is the
 state of the episode at its current turn, and turn t of an episode samples with
@@ -43,6 +53,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any
 from typing import NamedTuple
@@ -55,9 +66,13 @@ import numpy as np
 from flax import nnx
 
 from rlagent.models.llama import PolicyConfig
+from rlagent.models.llama import init_cache
 from rlagent.models.sampler import Generation
 from rlagent.models.sampler import allowed_to_mask
+from rlagent.models.sampler import decode
 from rlagent.models.sampler import generate
+from rlagent.models.sampler import prefill
+from rlagent.models.sharding import DATA
 from rlagent.text.chat import ChatFormat
 from rlagent.text.chat import Message
 from rlagent.text.chat import MessageSpan
@@ -93,6 +108,9 @@ class TextEnvironment(Protocol):
     def step(self, text: str) -> tuple[list[Message], dict[str, float], bool]: ...
 
 
+ENGINES = ("cached", "reprefill")
+
+
 @dataclasses.dataclass(frozen=True)
 class TextConfig:
     """Sizes and sampling of the text loop (hashable)."""
@@ -106,13 +124,21 @@ class TextConfig:
     # Episodes per call of the jitted sampler (0 = the whole batch): bounds the KV caches
     # and the prefill held at once; the last call is padded to this size (one program).
     sample_batch: int = 16
+    # 'cached': each live episode keeps its KV cache across the turns of a `play` call and
+    # a turn prefills only the tokens that arrived since the last one; 'reprefill': every
+    # turn prefills the whole transcript again (left-padded to max_prompt_len). The same
+    # samples for the same keys (tests/test_text.py).
+    engine: str = "cached"
+    prefill_chunk: int = 64  # 'cached': tokens per pass of the prefill loop.
 
     def __post_init__(self):
         if not isinstance(self.sample_batch, int) or self.sample_batch < 0:
             raise ValueError(
                 f"TextConfig.sample_batch must be an integer >= 0, got {self.sample_batch!r}"
             )
-        for name in ("max_new_tokens", "obs_len", "max_prompt_len"):
+        if self.engine not in ENGINES:
+            raise ValueError(f"TextConfig.engine must be one of {ENGINES}, got {self.engine!r}")
+        for name in ("max_new_tokens", "obs_len", "max_prompt_len", "prefill_chunk"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"TextConfig.{name} must be an integer >= 1, got "
                                  f"{getattr(self, name)!r}")  # fmt: skip
@@ -129,6 +155,12 @@ class TextConfig:
         scorer, the critic and the judge read packed transcripts this wide, not the
         trajectory's S * (O + L) slots."""
         return self.max_prompt_len + self.max_new_tokens
+
+    @property
+    def cache_len(self) -> int:
+        """Slots of one episode's KV cache in the 'cached' engine: P + max(L, chunk), the
+        longest transcript plus the overhang of the last prefill piece."""
+        return self.max_prompt_len + max(self.max_new_tokens, self.prefill_chunk)
 
 
 @dataclasses.dataclass(eq=False)
@@ -174,12 +206,37 @@ def fork(episode: Episode) -> Episode:
     return copy.deepcopy(episode)
 
 
+class CachedSampler(NamedTuple):
+    """The programs of the 'cached' engine (`make_text_loop`); a row is an episode."""
+
+    # jitted (params, caches, tokens [B, W], count [B], start [B]) -> (logits [B, V], caches):
+    # appends each row's `count` tokens at its slot `start` (`sampler.prefill`).
+    prefill: Any
+    # jitted (params, caches, logits [B, V], start [B], keys [B], active [B]) ->
+    # (Generation, caches): samples a turn of each active row (`sampler.decode`).
+    decode: Any
+    init: Any  # rows -> the empty caches of that many episodes (`TextConfig.cache_len`).
+    width: int  # W: max_prompt_len rounded up to a multiple of prefill_chunk.
+    # The rows split over the data axis of a mesh (None: one device); a group's rows are
+    # a multiple of that axis's size.
+    sharding: jax.sharding.NamedSharding | None = None
+
+    def place(self, *arrays):
+        """The row-major arrays of a call, on the devices of their rows."""
+        return arrays if self.sharding is None else jax.device_put(arrays, self.sharding)
+
+    @property
+    def row_multiple(self) -> int:
+        return 1 if self.sharding is None else self.sharding.mesh.shape[DATA]
+
+
 class TextLoop(NamedTuple):
     """Plays text environments with a policy (`make_text_loop`)."""
 
     chat: ChatFormat
     config: TextConfig
     sample: Any  # jitted (params, prompts [B, P], valid [B, P], keys [B]) -> Generation.
+    cached: CachedSampler | None = None  # the 'cached' engine (None: 'reprefill').
 
     def start(self, env: Any, seed: int) -> Episode:
         """A fresh episode: `env.reset(seed)` rendered with the environment's tools up to
@@ -214,6 +271,8 @@ class TextLoop(NamedTuple):
         """
         if len(keys) != len(episodes):
             raise ValueError(f"{len(keys)} keys for {len(episodes)} episodes")
+        if self.cached is not None:
+            return self._play_cached(params, episodes, keys, num_turns)
         played = 0
         while any(not e.over for e in episodes) and (num_turns is None or played < num_turns):
             prompts, valid = _left_pad(episodes, self.config.max_prompt_len, self.chat.pad_id)
@@ -227,6 +286,70 @@ class TextLoop(NamedTuple):
                     self._advance(episode, ids.tolist(), logp.tolist())
             played += 1
         return list(episodes)
+
+    def _play_cached(self, params, episodes, keys, num_turns) -> list[Episode]:
+        """`play` with the 'cached' engine: the episodes in groups of `sample_batch` rows,
+        each group with its caches for the whole call (one cache of
+        `TextConfig.cache_len` slots per episode: the longest transcript plus the
+        overhang of a prefill piece, so memory is bounded by rows x cache_len, whatever
+        the turn). A turn appends to each live episode's cache the transcript tokens it
+        does not hold yet (the first turn of a call: the whole transcript; later: the
+        previous turn's last sampled id, then the template tokens the turn reads), then
+        decodes until every row of the group has ended its turn. A group whose episodes
+        are all over is skipped; an episode over in a live group samples nothing. The
+        groups of a turn are all dispatched before the first is fetched, so the host
+        steps a group's environments while the device samples the next groups."""
+        size, multiple = len(episodes), self.cached.row_multiple
+        if all(e.over for e in episodes) or num_turns == 0:
+            return list(episodes)
+        rows = min(self.config.sample_batch or size, size)
+        groups = [np.arange(s, min(s + rows, size)) for s in range(0, size, rows)]
+        rows = -(-rows // multiple) * multiple
+        caches = [self.cached.init(rows) for _ in groups]
+        held = np.zeros(size, np.int64)  # the transcript tokens each episode's cache holds.
+        played = 0
+        while any(not e.over for e in episodes) and (num_turns is None or played < num_turns):
+            turn_index = jnp.asarray([len(e.turns) for e in episodes], jnp.int32)
+            turn_keys = jax.vmap(jax.random.fold_in)(keys, turn_index)
+            sampled = []  # every group dispatched first: the device samples the later
+            for g, group in enumerate(groups):  # groups while the host advances the first.
+                if all(episodes[r].over for r in group):
+                    continue
+                padded = np.r_[group, np.full(rows - len(group), group[0])]
+                out, caches[g] = self._cached_turn(
+                    params, caches[g], [episodes[r] for r in group], held[group],
+                    turn_keys[padded],
+                )  # fmt: skip
+                sampled.append((group, out))
+            for group, out in sampled:
+                out = jax.tree.map(np.asarray, out)
+                for i, r in enumerate(group):
+                    episode = episodes[r]
+                    if episode.over:
+                        continue
+                    length = int(out.mask[i].sum())
+                    # The last sampled id is not in the cache (the next turn appends it).
+                    held[r] = len(episode.tokens) + length - 1
+                    self._advance(episode, out.tokens[i, :length].tolist(),
+                                  out.logp[i, :length].tolist())  # fmt: skip
+            played += 1
+        return list(episodes)
+
+    def _cached_turn(self, params, caches, members, held, keys):
+        """One turn of a group, dispatched: `(Generation, caches)` on the device; rows
+        past `members` (padding) and episodes over sample nothing."""
+        rows = len(keys)
+        tokens = np.full((rows, self.cached.width), self.chat.pad_id, np.int32)
+        count, start = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
+        for i, episode in enumerate(members):
+            if not episode.over:
+                new = episode.tokens[held[i] :]
+                tokens[i, : len(new)], count[i], start[i] = new, len(new), held[i]
+        tokens, count, start, active, keys = self.cached.place(
+            tokens, count, start, count > 0, keys
+        )
+        logits, caches = self.cached.prefill(params, caches, tokens, count, start)
+        return self.cached.decode(params, caches, logits, start + count, keys, active)
 
     def _sample(self, params, prompts, valid, keys) -> Generation:
         """`sample` over the rows in calls of at most `config.sample_batch` rows (when the
@@ -286,10 +409,13 @@ class TextLoop(NamedTuple):
 
 
 def make_text_loop(
-    chat: ChatFormat, graphdef: nnx.GraphDef, policy_config: PolicyConfig, config: TextConfig
-) -> TextLoop:
+    chat: ChatFormat, graphdef: nnx.GraphDef, policy_config: PolicyConfig, config: TextConfig,
+    *, mesh: jax.sharding.Mesh | None = None,
+) -> TextLoop:  # fmt: skip
     """The loop of a policy (`nnx.split` of a Llama, ContextLM or Policy: its LM reads the
     transcript as a plain causal LM) with the model's own tokenizer and chat template.
+    With `mesh` (`rlagent.models.sharding.fsdp_mesh`) the 'cached' engine splits its rows
+    (episodes, caches) over the mesh's data axis; the parameters stay as given (FSDP).
 
     Refused (`ChatTemplateError`): a policy vocabulary smaller than the tokenizer's, or
     another padding token (`chat.check_vocab`).
@@ -309,7 +435,46 @@ def make_text_loop(
         return jax.tree.map(lambda x: x[0], out)
 
     sample = jax.jit(jax.vmap(row, in_axes=(None, 0, 0, 0)))
-    return TextLoop(chat=chat, config=config, sample=sample)
+    cached = None
+    if config.engine == "cached":
+        sampling = (logits_mask, settings, mesh)
+        cached = _cached_sampler(graphdef, policy_config, config, sampling)
+    return TextLoop(chat=chat, config=config, sample=sample, cached=cached)
+
+
+def _cached_sampler(graphdef, policy_config, config, sampling) -> CachedSampler:
+    """The 'cached' engine's programs: `sampler.prefill` and `sampler.decode` on one row,
+    mapped over the rows (each its own slots), the caches donated; `sampling` is
+    `(logits_mask, generation settings, mesh or None)`."""
+    logits_mask, settings, mesh = sampling
+    chunk = config.prefill_chunk
+    rows = (
+        None if mesh is None else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(DATA))
+    )
+
+    def prefill_row(params, cache, tokens, count, start):
+        logits, cache = prefill(graphdef, params, cache, tokens[None], count, start, chunk=chunk)
+        return logits[0], cache
+
+    def decode_row(params, cache, logits, start, key, active):
+        out, cache = decode(
+            graphdef, params, cache, logits[None], start, key, done=~active[None],
+            logits_mask=logits_mask, **settings,
+        )  # fmt: skip
+        return jax.tree.map(lambda x: x[0], out), cache
+
+    @functools.partial(jax.jit, static_argnums=0, out_shardings=rows)
+    def init(count):
+        one = init_cache(policy_config, 1, config.cache_len)
+        return jax.tree.map(lambda x: jnp.broadcast_to(x, (count, *x.shape)), one)
+
+    return CachedSampler(
+        prefill=jax.jit(jax.vmap(prefill_row, in_axes=(None, 0, 0, 0, 0)), donate_argnums=1),
+        decode=jax.jit(jax.vmap(decode_row, in_axes=(None, 0, 0, 0, 0, 0)), donate_argnums=1),
+        init=init,
+        width=-(-config.max_prompt_len // chunk) * chunk,
+        sharding=rows,
+    )
 
 
 def to_trajectory(episodes: Sequence[Episode], config: TextConfig, pad_id: int) -> Trajectory:

@@ -440,9 +440,10 @@ def make_text_run(
         preference = _sized(preference, config)
         program = _dpo_program(config, score, model, (graphdef, policy_config), preference)
     run = TextRun(
-        loop=make_text_loop(model.chat, graphdef, policy_config, text_config),
+        loop=make_text_loop(model.chat, graphdef, policy_config, text_config, mesh=mesh),
         greedy=make_text_loop(
-            model.chat, graphdef, policy_config, dataclasses.replace(text_config, temperature=0.0)
+            model.chat, graphdef, policy_config, dataclasses.replace(text_config, temperature=0.0),
+            mesh=mesh,
         ),
         program=program,
         reference=frozen_copy(params, policy_config.dtype),
