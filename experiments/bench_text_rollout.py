@@ -250,7 +250,10 @@ def _turns(timer: _Timer, began: float, elapsed: float) -> list[dict]:
             if start <= t < stop:
                 spent[kind] += seconds
         device = spent["prefill"] + spent["decode"] + spent["sample"]
-        prefill = spent["prefill"] + spent["probe"]
+        # The re-prefill engine's split is estimated: its probe (a one-token call on the
+        # same shapes) times the prefill apart. Under load the estimate can exceed the
+        # sampling call it splits; then the whole call counts as prefill.
+        prefill = min(spent["prefill"] + spent["probe"], device)
         wall = stop - start - spent["probe"]
         turns.append(dict(
             turn=index + 1, wall_s=wall, device_s=device, prefill_s=prefill,
