@@ -16,6 +16,7 @@ sharded over other processes' devices too) to the host.
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -23,6 +24,7 @@ import jax
 import numpy as np
 from absl import flags
 from jax.experimental import multihost_utils
+from orbax.checkpoint import multihost as ocp_multihost
 
 _FLAGS = ("coordinator_address", "num_processes", "process_id", "distributed")
 
@@ -113,22 +115,38 @@ def is_primary() -> bool:
 
 
 def sync(name: str) -> None:
-    """Waits until every process has reached `sync(name)` (nothing in one process)."""
+    """Waits until every process has reached `sync(name)` (nothing in one process): a
+    barrier of the coordination service, which waits without spinning a device."""
     if jax.process_count() > 1:
-        multihost_utils.sync_global_devices(name)
+        _client().wait_at_barrier(_unique(name), WAIT_S * 1000)
 
 
 def broadcast(value: Any) -> Any:
-    """Process 0's `value` (anything `json` writes) on every process; `value` itself in a
-    single-process run."""
+    """Process 0's `value` (anything `json` writes) on every process, through the
+    coordination service's key-value store (the others block on it without spinning);
+    `value` itself in a single-process run."""
     if jax.process_count() == 1:
         return value
-    data = np.frombuffer(json.dumps(value, default=_plain).encode(), np.uint8)
-    size = int(multihost_utils.broadcast_one_to_all(np.int32(data.size)))
-    padded = np.zeros(size, np.uint8)
-    padded[: min(size, data.size)] = data[:size]
-    received = np.asarray(multihost_utils.broadcast_one_to_all(padded), np.uint8)
-    return json.loads(received.tobytes().decode())
+    key, client = _unique("broadcast"), _client()
+    if is_primary():
+        client.key_value_set(key, json.dumps(value, default=_plain))
+        return value
+    return json.loads(client.blocking_key_value_get(key, WAIT_S * 1000))
+
+
+# How long a process waits for process 0 (a report of a large study, a slow disk).
+WAIT_S = 6 * 3600
+_calls = itertools.count()
+
+
+def _unique(name: str) -> str:
+    """`name` made unique per call; every process makes its calls in one order."""
+    return f"rlagent/{name}/{next(_calls)}"
+
+
+def _client() -> Any:
+    """The coordination service's client of this process (`jax.distributed`)."""
+    return ocp_multihost.get_jax_distributed_client()
 
 
 def _plain(value: Any) -> Any:
@@ -149,6 +167,7 @@ def primary_decides(decide: Any, *, errors: tuple[type[Exception], ...] = ()) ->
     if is_primary():
         try:
             outcome = {"value": decide()}
+            json.dumps(outcome, default=_plain)  # a value `broadcast` cannot send fails here.
         except Exception as error:  # noqa: BLE001 - raised again below, on every process.
             kinds = [i for i, kind in enumerate(errors) if isinstance(error, kind)]
             outcome, raised = {"error": kinds[0] if kinds else -1, "message": str(error)}, error

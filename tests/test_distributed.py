@@ -122,11 +122,12 @@ def _killed_and_resumed(module: str, flags: list[str], tmp_path):
     return one, two
 
 
-def _assert_one_writer(folder) -> None:
-    """One metrics.csv per run folder, one provenance.json naming both processes."""
-    found = [os.path.relpath(os.path.join(d, n), folder) for d, _, names in os.walk(folder)
-             for n in names if n == "metrics.csv"]  # fmt: skip
-    assert len(found) == len(set(os.path.dirname(p) for p in found)), found
+def _assert_one_writer(folder, metrics: set[str]) -> None:
+    """Exactly the `metrics` CSVs (their rows checked by the caller: none twice), one
+    provenance.json naming both processes, process 0's TensorBoard events only."""
+    found = {os.path.relpath(os.path.join(d, n), folder) for d, _, names in os.walk(folder)
+             for n in names if n.startswith("metrics.csv")}  # fmt: skip
+    assert found == metrics, found
     record = json.loads((folder / "provenance.json").read_text())
     assert record["processes"] == 2 and len(record["devices"]) == 2, record
     tensorboard = [d for d, _, names in os.walk(folder) if any("tfevents" in n for n in names)]
@@ -151,7 +152,8 @@ def test_main_experiment_on_two_processes_equals_two_devices_and_resumes(tmp_pat
         rows, _rows(one / "metrics.csv"),
         _params(two / "rewards" / "checkpoints", 2), _params(one / "rewards" / "checkpoints", 2),
     )  # fmt: skip
-    _assert_one_writer(two)
+    assert len(_rows(two / "rewards" / "metrics.csv")) == 2 * 2
+    _assert_one_writer(two, {"metrics.csv", "rewards/metrics.csv"})  # the study's, the run's
 
 
 # PPO with its critic (GRPO's advantages are 0 on this tiny model), float32 compute, a mesh
@@ -178,7 +180,7 @@ def test_hf_agent_on_two_processes_equals_two_devices_and_resumes(toolworld_mode
         rows, _rows(one / "metrics.csv"),
         _params(two / "checkpoints", 2), _params(one / "checkpoints", 2),
     )  # fmt: skip
-    _assert_one_writer(two)
+    _assert_one_writer(two, {"metrics.csv"})
 
 
 def test_bad_process_flags_are_refused_naming_the_flag():
