@@ -85,7 +85,9 @@ def initialize_distributed(
         )
     if num_processes is not None and num_processes < 1:
         raise ValueError(f"--num_processes must be >= 1, got {num_processes}.")
-    if process_id is not None and not 0 <= process_id < (num_processes or process_id + 1):
+    if process_id is not None and process_id < 0:
+        raise ValueError(f"--process_id must be >= 0, got {process_id}.")
+    if None not in (process_id, num_processes) and process_id >= num_processes:
         raise ValueError(
             f"--process_id must be in 0..{num_processes - 1} (--num_processes={num_processes}), "
             f"got {process_id}."

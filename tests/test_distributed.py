@@ -188,6 +188,8 @@ def test_bad_process_flags_are_refused_naming_the_flag():
         parallel.initialize_distributed("localhost:1", 2, 2)
     with pytest.raises(ValueError, match="needs --num_processes, --process_id as well"):
         parallel.initialize_distributed("localhost:1")
+    with pytest.raises(ValueError, match="--process_id must be >= 0"):
+        parallel.initialize_distributed(process_id=-1, from_environment=True)
     with pytest.raises(ValueError, match="--num_processes must be >= 1"):
         parallel.initialize_distributed("localhost:1", 0, 0)
     parallel.initialize_distributed()  # nothing given: one process, nothing to join.
