@@ -59,7 +59,9 @@ sys.argv = [module, *flags]
 runpy.run_module(module, run_name="__main__", alter_sys=True)
 """
 
+# Episodes over a mesh of two devices (the default of two processes; one process's two).
 SVD_FLAGS = [
+    "--num_devices=2",
     "--config.conditions=outcome,potential", "--config.seeds=1", "--config.chunk_size=1",
     "--config.env.level=1", "--config.train.num_updates=2", "--config.train.num_groups=2",
     "--config.train.group_size=2", "--config.train.num_minibatches=1",
