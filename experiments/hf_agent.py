@@ -26,7 +26,7 @@ from absl import flags
 from experiments import launch
 from experiments.studies import hf_agent
 
-_FLAGS = launch.define_flags("hf_agent")
+_FLAGS = launch.define_flags("hf_agent", multi_process=True)
 _MODEL_DIR = flags.DEFINE_string(
     "model_dir", None, "Local HF checkpoint folder (config.json, safetensors, tokenizer)."
 )

@@ -3,9 +3,12 @@
 `define_flags(name)` defines `--config` (experiments/configs/<name>.py, overridable field
 by field; a misspelled `--config.a.b` exits naming the fields `a` has), `--workdir`
 (runs/<name>), `--resume` (with `--resume_across_commits` to go on under another commit),
-`--overwrite`, `--compilation_cache_dir` (and, with
-`distributed=True`, the multi-host flags of `rlagent.parallel` and `--num_devices`).
-`run_study(study, flags)` turns on JAX's persistent compilation cache
+`--overwrite`, `--compilation_cache_dir`, the multi-process flags of `rlagent.parallel`
+(`--coordinator_address`, `--num_processes`, `--process_id`, `--distributed`) and, with
+`distributed=True` (a study that takes a mesh), `--num_devices`.
+`run_study(study, flags)` joins a multi-process run when those flags say so
+(`parallel.maybe_initialize_distributed`, docs/distributed.md; a launcher whose study runs
+in one process only refuses several), turns on JAX's persistent compilation cache
 (`rlagent.host.compile_cache`: ~/.cache/rlagent/jax unless the flag or
 JAX_COMPILATION_CACHE_DIR says otherwise, so a rerun does not compile again), then
 calls `study(config, workdir, resume=..., overwrite=...)` (every study of
@@ -23,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 from typing import NamedTuple
 
+import jax
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
@@ -42,13 +46,21 @@ class LauncherFlags(NamedTuple):
     resume: flags.FlagHolder
     overwrite: flags.FlagHolder
     compilation_cache_dir: flags.FlagHolder
-    distributed: bool  # the multi-host flags are defined: the study takes `mesh`.
+    distributed: bool  # --num_devices is defined: the study takes `mesh`.
+    name: str = ""  # the launcher's, `experiments.<name>`.
+    multi_process: bool = False  # the study runs over several processes.
 
 
-def define_flags(name: str, *, distributed: bool = False) -> LauncherFlags:
-    """The shared flags of the launcher `experiments.<name>` (see the module docstring)."""
+def define_flags(
+    name: str, *, distributed: bool = False, multi_process: bool = False
+) -> LauncherFlags:
+    """The shared flags of the launcher `experiments.<name>` (see the module docstring).
+    `distributed`: the study takes a mesh of `--num_devices` (all devices of every process
+    by default in a multi-process run); it, or `multi_process` (a study that builds its own
+    mesh), lets the launcher run over several processes."""
+    parallel.define_distributed_flags()
     if distributed:
-        parallel.define_distributed_flags()
+        flags.DEFINE_integer("num_devices", None, "Shard episodes over this many devices.")
     path = os.path.join(os.path.dirname(__file__), "configs", f"{name}.py")
     try:
         config = config_flags.DEFINE_config_file("config", path)
@@ -66,6 +78,8 @@ def define_flags(name: str, *, distributed: bool = False) -> LauncherFlags:
         ),
         compilation_cache_dir=define_cache_flag(),
         distributed=distributed,
+        name=name,
+        multi_process=distributed or multi_process,
     )
 
 
@@ -135,11 +149,25 @@ def enable_cache(folder: str | None) -> None:
 
 
 def data_mesh() -> Any:
-    """After `define_flags(..., distributed=True)`: initialises a multi-host run when its
-    flags are given; the data mesh over `--num_devices` devices, None when unset."""
-    parallel.maybe_initialize_distributed()
+    """After `define_flags(..., distributed=True)` and `start_processes`: the data mesh
+    over `--num_devices` devices; unset, over every process's devices in a multi-process
+    run, None (the default device) in one process."""
     num_devices = flags.FLAGS.num_devices
-    return parallel.data_mesh(num_devices) if num_devices else None
+    if num_devices or jax.process_count() > 1:
+        return parallel.data_mesh(num_devices)
+    return None
+
+
+def start_processes(launcher: LauncherFlags) -> None:
+    """Joins the multi-process run the flags name (`parallel.maybe_initialize_distributed`);
+    refuses several processes for a launcher whose study runs in one."""
+    parallel.maybe_initialize_distributed()
+    if jax.process_count() > 1 and not launcher.multi_process:
+        raise ValueError(
+            f"experiments.{launcher.name} runs in one process; --num_processes / "
+            "--coordinator_address / --distributed are for experiments.sparse_vs_dense, "
+            "experiments.process_rewards and experiments.hf_agent (docs/distributed.md)."
+        )
 
 
 def run_study(study: Callable[..., Any], launcher: LauncherFlags, **kwargs: Any) -> None:
@@ -148,6 +176,7 @@ def run_study(study: Callable[..., Any], launcher: LauncherFlags, **kwargs: Any)
     persistent compilation cache of `--compilation_cache_dir` on."""
 
     def work():
+        start_processes(launcher)
         compile_cache.enable_compilation_cache(launcher.compilation_cache_dir.value)
         if flags.FLAGS.is_parsed() and _ACROSS_COMMITS.value:
             os.environ[provenance.ACROSS_COMMITS_ENV] = "1"

@@ -63,7 +63,8 @@ def pytest_configure(config):
 # them with the other core idle. Heaviest first (with xdist's reordering off) packs the
 # two cores evenly. Files not listed follow in collection order.
 HEAVY_FIRST = (
-    "test_hf_agent.py", "test_tree.py", "test_pipeline_rs_sft.py", "test_train.py",
+    "test_hf_agent.py", "test_tree.py", "test_distributed.py", "test_pipeline_rs_sft.py",
+    "test_train.py",
     "studies/test_study_strategies.py", "test_credit_lm.py",
     "studies/test_study_generalization.py", "test_preference.py", "test_curriculum.py",
     "studies/test_study_dialogue.py", "test_reliability.py",

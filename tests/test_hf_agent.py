@@ -99,6 +99,20 @@ def _leaves(tree):
     return [np.asarray(leaf) for leaf in jax.tree.leaves(tree)]
 
 
+def assert_rows_close(rows, expected, *, rel, abs):
+    """Metric rows (CSV strings) as `expected`: text equal, numbers to `rel` / `abs`."""
+    assert len(rows) == len(expected)
+    for got, want in zip(rows, expected, strict=True):
+        assert got.keys() == want.keys()
+        for key, value in want.items():
+            try:
+                number = float(value)
+            except ValueError:
+                assert got[key] == value, key
+                continue
+            assert float(got[key]) == pytest.approx(number, rel=rel, abs=abs, nan_ok=True), key
+
+
 def _assert_run_folder(workdir, algorithm):
     rows = _rows(workdir)
     assert [int(row["update"]) for row in rows] == [1, 2]
@@ -687,23 +701,14 @@ def test_fsdp_mesh_trains_as_one_device_and_resumes_exactly(toolworld_model, tmp
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]  # noqa: E731
     assert strip(part) == strip(mesh)
     assert len(one) == len(mesh) == 2
-    for plain, sharded in zip(strip(one), strip(mesh), strict=True):
-        for key, value in plain.items():
-            try:
-                number = float(value)
-            except ValueError:
-                assert sharded[key] == value, key
-                continue
-            assert float(sharded[key]) == pytest.approx(number, rel=1e-4, abs=1e-5, nan_ok=True), (
-                key
-            )
+    assert_rows_close(strip(mesh), strip(one), rel=1e-4, abs=1e-5)
     assert "different config: mesh" in result["other_mesh"], result
     assert "8 devices do not divide a minibatch of 4 episodes" in result["indivisible"], result
 
 
 def test_mesh_config_is_checked_before_anything_runs(toolworld_model, tmp_path):
     for fields, message in [
-        (dict(devices=len(jax.local_devices()) + 1), "config.mesh.devices must be -1, 0 or"),
+        (dict(devices=len(jax.devices()) + 1), "config.mesh.devices must be -1, 0 or"),
         (dict(devices=1, data=2), "config.mesh.data = 2 must divide config.mesh.devices = 1"),
         (dict(rows=2), "Unknown mesh config fields \\['rows'\\]"),
     ]:

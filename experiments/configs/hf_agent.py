@@ -16,7 +16,7 @@ updates, tasks per update = num_groups, group_size, learning rate, KL to the ref
 ...; the fields left None take the algorithm's values, rlagent.text.train.ALGORITHMS) and
 `model` (compute and parameter dtypes, rematerialisation; end-of-turn and padding tokens,
 '' = the tokenizer's eos / pad token; the chat template's enable_thinking), `mesh` (FSDP
-over local devices: `--config.mesh.devices=-1` for all), `critic` (PPO's value model,
+over the devices: `--config.mesh.devices=-1` for all), `critic` (PPO's value model,
 rlagent.text.critic.CriticConfig: its checkpoint folder, learning rate, warm-up updates;
 read when the estimator reads values, as ppo's gae_token), `checkpoint` (a checkpoint
 after every `every`-th update and the last, the newest `keep` kept beside step 0,
@@ -66,8 +66,9 @@ def get_config() -> ml_collections.ConfigDict:
 
     config.model = _model()
 
-    # FSDP over local devices (rlagent.models.sharding): devices 0 = one device, no mesh;
-    # N = the first N local devices, -1 = all; `data` rows of them (data parallel).
+    # FSDP over the devices (rlagent.models.sharding): devices 0 = one device, no mesh;
+    # N = the first N devices, -1 = all (a multi-process run's: every process's, with `data`
+    # a multiple of the processes, docs/distributed.md); `data` rows of them (data parallel).
     config.mesh = ml_collections.ConfigDict(dict(devices=0, data=1))
 
     config.env = ml_collections.ConfigDict()

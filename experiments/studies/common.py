@@ -31,6 +31,7 @@ from experiments.studies.envs import KINDS as ENV_KINDS
 from experiments.studies.envs import make_env
 from experiments.studies.sections import make
 from experiments.studies.sections import section
+from rlagent import parallel
 from rlagent.analysis import report
 from rlagent.credit import mc
 from rlagent.credit.probe import ProbeConfig
@@ -243,11 +244,16 @@ def run_and_report(
             diverged.append(f"{run.name}: {error}")
         labels = dict(zip(conditions, run.conditions, strict=True))
         rows += [{**row, "condition": labels[row["condition"]]} for row in run_rows]
-    if write_report is None:
-        summary = write_training_report(rows, workdir, title=title, experience=experience)
-    else:
+
+    def write() -> dict[str, Any]:
+        if write_report is None:
+            return write_training_report(rows, workdir, title=title, experience=experience)
         write_metrics(rows, workdir)
-        summary = write_report(rows, workdir)
+        return write_report(rows, workdir)
+
+    # One writer: process 0 of a multi-process run writes the report, every process
+    # returns its summary.
+    summary = parallel.primary_decides(write)
     provenance.write(
         workdir, provenance.finish({**record, "wall_s": round(time.time() - start, 1)})
     )

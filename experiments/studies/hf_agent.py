@@ -61,25 +61,36 @@ def run(
 
 def mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh | None:
     """The FSDP mesh of `config.mesh`: None with `devices` = 0 (one device), else the first
-    `devices` local devices (-1: all of them) as `data` rows (`sharding.fsdp_mesh`)."""
+    `devices` devices (-1: all of them; every process's in a multi-process run, which
+    needs them all) as `data` rows (`sharding.fsdp_mesh`). Over several processes `data`
+    must be a multiple of their number, so that each row is one process's devices."""
     section = config.mesh.to_dict()
     unknown = sorted(set(section) - {"devices", "data"})
     if unknown:
         raise ValueError(f"Unknown mesh config fields {unknown}; known: ['data', 'devices'].")
     devices, data = int(section["devices"]), int(section["data"])
+    every, processes = jax.devices(), jax.process_count()
+    if processes > 1 and devices not in (-1, len(every)):
+        raise ValueError(
+            f"config.mesh.devices must be -1 (or {len(every)}) in a run over {processes} "
+            f"processes: the mesh spans every process's devices; got {devices}."
+        )
     if devices == 0:
         return None
-    local = jax.local_devices()
     if devices == -1:
-        devices = len(local)
-    if not 1 <= devices <= len(local):
+        devices = len(every)
+    if not 1 <= devices <= len(every):
         raise ValueError(
-            f"config.mesh.devices must be -1, 0 or 1..{len(local)} (the local devices), "
-            f"got {devices}."
+            f"config.mesh.devices must be -1, 0 or 1..{len(every)} (the devices), got {devices}."
         )
     if data < 1 or devices % data:
         raise ValueError(f"config.mesh.data = {data} must divide config.mesh.devices = {devices}.")
-    return sharding.fsdp_mesh(local[:devices], data=data)
+    if data % processes:
+        raise ValueError(
+            f"config.mesh.data = {data} must be a multiple of the {processes} processes (each "
+            "row of the mesh is one process's devices)."
+        )
+    return sharding.fsdp_mesh(every[:devices], data=data)
 
 
 def preference(

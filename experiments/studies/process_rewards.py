@@ -30,6 +30,7 @@ import ml_collections
 from experiments.studies import common
 from experiments.studies import envs
 from experiments.studies import label_quality as study
+from rlagent import parallel
 from rlagent.analysis import paired
 from rlagent.analysis import report
 from rlagent.analysis import stats
@@ -73,10 +74,14 @@ def run(
         rows, label_rows = MetricWriter(workdir, tensorboard=False).read(), label_writer.read()
         if not rows or not label_rows:
             raise ValueError(f"--report_only: {workdir} holds no finished study to report")
-        summary = common.write_training_report(
-            rows, workdir, title=title, experience=report.TOTAL_TURNS
-        )
-        return write_report(workdir, summary, rows, label_rows, title=title)
+
+        def rebuild() -> dict[str, Any]:
+            summary = common.write_training_report(
+                rows, workdir, title=title, experience=report.TOTAL_TURNS
+            )
+            return write_report(workdir, summary, rows, label_rows, title=title)
+
+        return parallel.primary_decides(rebuild)  # process 0 writes, the others wait.
     summary = common.run_and_report(
         runs,
         config,
@@ -92,7 +97,9 @@ def run(
     label_rows = label_writer.read() if resume else []
     if not label_rows:
         label_rows = study.run(config.labels, label_env, workdir)
-    full = write_report(workdir, summary, rows, label_rows, title=title)
+    full = parallel.primary_decides(
+        lambda: write_report(workdir, summary, rows, label_rows, title=title)
+    )  # process 0 writes, the others wait.
     # run_and_report recorded the checkout at the start; the label study adds its rows.
     record = provenance.read(workdir) or provenance.collect(config.to_dict())
     record = {**record, "label_rows": len(label_rows), "wall_s": round(time.time() - start, 1)}

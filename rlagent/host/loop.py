@@ -52,6 +52,7 @@ from absl import logging
 from orbax.checkpoint import checkpoint_managers
 from tqdm.auto import tqdm
 
+from rlagent import parallel
 from rlagent.credit.probe import ProbeConfig
 from rlagent.host import provenance
 from rlagent.host.extras import trainer_extras
@@ -184,6 +185,8 @@ def run(
     clear_compiled_if_crowded()  # before this run compiles its programs
     trainer = _trainer(config, env, policy_config, rollout_config, mesh, prm=prm, probe=probe)
     state, chunks = _initial_state(trainer, config, runs, seeds, initial_params), trainer
+    if mesh is not None:  # on every device of the mesh (which may span processes).
+        state = parallel.replicate(state, mesh)
     if curriculum is not None:  # the chunks' stage probabilities come from the scheduler
         chunks = _CurriculumTrainer(config, env, policy_config, rollout_config, mesh, curriculum)
         state, env = chunks.start(state, len(runs)), curriculum.eval_env  # env: evaluation's
@@ -290,7 +293,7 @@ class _CurriculumTrainer(NamedTuple):
             self.config, self.env, self.policy_config, self.rollout_config, self.mesh, length
         )
         runner, metrics = program(state.runner, jnp.asarray(probs))
-        metrics = jax.device_get(metrics)
+        metrics = parallel.fetch(metrics)
         checks = {k: metrics.pop(k) for k in (INPUT_CHECKS,) if k in metrics}  # for _train
         columns = []
         for t in range(length):
@@ -383,7 +386,10 @@ def _train(
         totals[(row["condition"], int(row["seed"]))] = float(row["env_turns_total"])
     last = config.num_updates if stop_after is None else min(stop_after, config.num_updates)
     conditions = list(dict.fromkeys(condition for condition, _ in runs))
-    bar = tqdm(total=last, initial=done, desc=",".join(conditions), disable=not progress)
+    bar = tqdm(
+        total=last, initial=done, desc=",".join(conditions),
+        disable=not (progress and parallel.is_primary()),
+    )  # fmt: skip
     try:
         while done < last:
             length = min(chunk_size, last - done)
@@ -396,7 +402,7 @@ def _train(
             else:
                 chunk = _chunk(trainer, length, done % credit_every if credit_every else 0)
                 state, metrics = chunk(state)
-                metrics = jax.device_get(metrics)  # [runs, length] per metric; waits.
+                metrics = parallel.fetch(metrics)  # [runs, length] per metric; waits.
             _raise_failed_checks(metrics.pop(INPUT_CHECKS, None), done, length, runs)
             seconds = time.perf_counter() - start
             throughput = float(np.sum(metrics["env_turns"])) / seconds
@@ -453,6 +459,8 @@ def _metrics_reach(rows: list[dict[str, Any]], runs: list[tuple[str, int]]) -> i
 
 def _placed_like(template: Any, restored: Any) -> Any:
     """`restored` (a checkpoint's leaf) placed as the fresh state's leaf `template` is."""
+    if isinstance(restored, jax.Array) and not restored.is_fully_addressable:
+        return restored  # restored into the template's sharding over several processes.
     if isinstance(template, jax.Array) and template.committed:
         return jax.device_put(np.asarray(restored), template.sharding)
     return jnp.asarray(np.asarray(restored))
@@ -481,8 +489,7 @@ def _restore(
                 "every run (%d); removing it so that no update goes missing.",
                 step, manager.directory, reach,
             )  # fmt: skip
-            shutil.rmtree(os.path.join(manager.directory, str(step)))
-            manager.reload()
+            _remove_step(manager, step)
             continue
         try:
             with quiet_closed_loops():
@@ -496,8 +503,7 @@ def _restore(
                 type(error).__name__,
                 str(error).splitlines()[0][:200],
             )
-            shutil.rmtree(os.path.join(manager.directory, str(step)))
-            manager.reload()
+            _remove_step(manager, step)
             continue
         logging.warning("Resuming %s from checkpoint step %d.", manager.directory, step)
         # Restored arrays are committed to a device, fresh ones are not; as a jit cache key
@@ -515,6 +521,14 @@ def _restore(
         "--resume: no readable checkpoint in %s; starting from scratch.", manager.directory
     )
     return 0, state
+
+
+def _remove_step(manager: ocp.CheckpointManager, step: int) -> None:
+    """Deletes checkpoint `step` (process 0 of a multi-process run, the others waiting)."""
+    if parallel.is_primary():
+        shutil.rmtree(os.path.join(manager.directory, str(step)))
+    parallel.sync(f"removed checkpoint {step}")
+    manager.reload()
 
 
 class _QuietLoop(asyncio.SelectorEventLoop):
@@ -678,7 +692,7 @@ def _add_evaluation(new_rows, runs, metrics) -> None:
     """
     names = [f"eval_{p}_{m}" for p in ("sampled", "greedy") for m in EVAL_METRICS]
     last_update = max(row["update"] for row in new_rows)
-    values = None if metrics is None else jax.device_get(metrics)
+    values = None if metrics is None else parallel.fetch(metrics)
     for row in new_rows:
         i = runs.index((row["condition"], row["seed"]))
         for name in names:

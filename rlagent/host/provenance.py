@@ -34,6 +34,8 @@ from typing import Any
 import jax
 from absl import logging
 
+from rlagent import parallel
+
 FILENAME = "provenance.json"
 # This process's id in the records it writes: the one process that may rewrite a record.
 SEGMENT = uuid.uuid4().hex
@@ -67,7 +69,8 @@ def collect(config: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
         "git": git_state(),
         "python": platform.python_version(),
         "packages": {name: _version(name) for name in PACKAGES},
-        "devices": [str(device) for device in jax.devices()],
+        "devices": [str(device) for device in jax.devices()],  # every process's
+        "processes": jax.process_count(),
         "cpu": cpu_model(),
     }
 
@@ -119,7 +122,10 @@ def write(folder: str, provenance: Mapping[str, Any]) -> None:
     """Writes this process's record: `<folder>/provenance.json` when the folder has none or
     holds this process's own (the same `segment`), else its line of `SEGMENTS` (replaced
     when this segment wrote one before), so a resume or a rebuild never rewrites the
-    record of the process that started the run. Atomic: a kill never leaves half a file."""
+    record of the process that started the run. Atomic: a kill never leaves half a file.
+    In a multi-process run only process 0 writes (`parallel.is_primary`)."""
+    if not parallel.is_primary():
+        return
     stored = read(folder)
     if stored is None or stored.get("segment") == SEGMENT:
         _atomic_write(os.path.join(folder, FILENAME), json.dumps(provenance, indent=2))

@@ -21,6 +21,7 @@ from typing import Any
 
 from absl import logging
 
+from rlagent import parallel
 from rlagent.host import provenance
 
 # Config fields a resumed run may change (dotted paths into the resolved config).
@@ -58,7 +59,25 @@ def prepare_workdir(
     `provenance.json` must match; None skips the check. `note` ends a refusal's message.
     `resumable=False`: the caller keeps no state to resume (a refusal names only
     --overwrite; `refuse_resume` is its error for `resume`).
+
+    In a multi-process run process 0 decides and clears while the others wait; each
+    returns its answer or raises its refusal (`parallel.primary_decides`).
     """
+    return parallel.primary_decides(
+        lambda: _prepare(
+            workdir,
+            resume=resume,
+            overwrite=overwrite,
+            config=config,
+            may_change=may_change,
+            note=note,
+            resumable=resumable,
+        ),
+        errors=(RunError, ValueError),
+    )
+
+
+def _prepare(workdir, *, resume, overwrite, config, may_change, note, resumable) -> bool:
     if resume and overwrite:
         raise ValueError("resume and overwrite exclude each other.")
     if os.path.exists(workdir) and not os.path.isdir(workdir):

@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from collections.abc import Mapping
 from typing import TextIO
 
+from rlagent import parallel
+
 # How each compressed form of a file is opened (`open(path, mode)` alike).
 COMPRESSED = {".xz": lzma.open, ".gz": gzip.open}
 
@@ -23,12 +25,15 @@ class MetricWriter:
     past a checkpoint, so a resumed run writes the same file as an uninterrupted one.
     The folder is created by the first write (or by TensorBoard's writer): a writer that
     only reads, e.g. a report of a folder that holds nothing, leaves the disk as it was.
+    In a multi-process run only process 0 writes (`parallel.is_primary`): the others'
+    writers read the same file and leave it, and TensorBoard, alone.
     """
 
     def __init__(self, workdir: str, *, tensorboard: bool = True, filename: str = "metrics.csv"):
         self.path = os.path.join(workdir, filename)
         self._tb = None
-        if tensorboard:
+        self._writes = parallel.is_primary()
+        if tensorboard and self._writes:
             self._tb = _summary_writer(os.path.join(workdir, "tensorboard"))
 
     def read(self) -> list[dict[str, float]]:
@@ -52,6 +57,8 @@ class MetricWriter:
         The file is replaced atomically, so a kill during the rewrite loses no row.
         """
         rows = [row for row in self.read() if row["update"] <= after_update]
+        if not self._writes:
+            return rows
         _make_folder(self.path)
         partial = self.path + ".tmp"
         with open(partial, "w", newline="") as f:
@@ -61,12 +68,12 @@ class MetricWriter:
 
     def clear(self) -> None:
         """Starts the CSV afresh (TensorBoard events are append-only and stay)."""
-        if os.path.exists(self.path):
+        if self._writes and os.path.exists(self.path):
             os.remove(self.path)
 
     def write(self, rows: Iterable[Mapping[str, float]], *, tensorboard: bool = True) -> None:
         rows = list(rows)
-        if not rows:
+        if not rows or not self._writes:
             return
         _make_folder(self.path)
         header = not os.path.exists(self.path) or os.path.getsize(self.path) == 0

@@ -16,7 +16,9 @@ per-role meshes and MaxText's FSDP logical axes).
 
 Roles may share one mesh (the default of `role_meshes`) or each get their own slice of
 the devices; arrays move between role meshes with `jax.device_put` (e.g. the reference's
-log-probs onto the policy's mesh), outside any one program.
+log-probs onto the policy's mesh), outside any one program. That host-level move between
+disjoint meshes is one process's: across hosts it needs Pathways, so a multi-process run
+refuses split role meshes and keeps every role on the policy's mesh (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -67,6 +69,12 @@ def role_meshes(devices: Sequence[jax.Device] | None = None, *, split: bool = Fa
     if not split:
         mesh = fsdp_mesh(devices)
         return RoleMeshes(mesh, mesh, mesh)
+    if jax.process_count() > 1:
+        raise ValueError(
+            "split role meshes move arrays between disjoint meshes with a host-level "
+            f"jax.device_put, which {jax.process_count()} processes cannot do without "
+            "Pathways; use one shared mesh (split=False)"
+        )
     if len(devices) < 3 or len(devices) % 3:
         raise ValueError(f"split role meshes need a multiple of 3 devices, got {len(devices)}")
     third = len(devices) // 3
@@ -131,9 +139,20 @@ def batch_sharding(mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
 
 def shard_batch(tree: Any, mesh: jax.sharding.Mesh) -> Any:
     """Every leaf of `tree` (a Trajectory, log-probs `[B, ...]`) split along its leading
-    axis over the mesh's devices; B must be a multiple of their number."""
-    _check_rows(tree, mesh)
-    return jax.device_put(tree, batch_sharding(mesh))
+    axis over the mesh's devices; B must be a multiple of their number. In a
+    multi-process run each process passes its own rows (host data, each process's in
+    order: `rlagent.parallel.share`) and gets the whole batch over the mesh
+    (`jax.make_array_from_process_local_data`)."""
+    processes = jax.process_count()
+    _check_rows(tree, mesh, processes)
+    if processes == 1:
+        return jax.device_put(tree, batch_sharding(mesh))
+    return jax.tree.map(
+        lambda leaf: jax.make_array_from_process_local_data(
+            batch_sharding(mesh), np.asarray(leaf), (leaf.shape[0] * processes, *leaf.shape[1:])
+        ),
+        tree,
+    )
 
 
 def constrain_batch(tree: Any, mesh: jax.sharding.Mesh | None) -> Any:
@@ -144,8 +163,8 @@ def constrain_batch(tree: Any, mesh: jax.sharding.Mesh | None) -> Any:
     return jax.lax.with_sharding_constraint(tree, batch_sharding(mesh))
 
 
-def _check_rows(tree: Any, mesh: jax.sharding.Mesh) -> None:
-    rows = {leaf.shape[0] for leaf in jax.tree.leaves(tree)}
+def _check_rows(tree: Any, mesh: jax.sharding.Mesh, processes: int = 1) -> None:
+    rows = {leaf.shape[0] * processes for leaf in jax.tree.leaves(tree)}
     bad = sorted(r for r in rows if r % mesh.size)
     if bad:
         raise ValueError(f"batch rows {bad} do not split over the mesh's {mesh.size} devices")

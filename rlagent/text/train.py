@@ -26,6 +26,11 @@ With a mesh (`run_text(mesh=...)`, `rlagent.models.sharding.fsdp_mesh`) the poli
 reference and the optimiser state live in FSDP layout over its devices: the text loop's
 jitted generation reads the sharded parameters (XLA gathers what a layer needs), the
 update keeps its state sharded and splits the batch's episodes over every device.
+A mesh may span several processes (`rlagent.parallel`, docs/distributed.md): each plays
+its share of every batch (`parallel.share`) on its own copy of the policy
+(`parallel.local_view`), the shares join into one batch over the mesh
+(`sharding.shard_batch`) that the reference and the update read, and the row's metrics
+are computed from the joined batch (process 0 writes the files).
 
 An episode that outgrows the sampling sizes ends as truncated (`rlagent.text.loop`): the
 run goes on and the row's `truncated` column counts such episodes.
@@ -54,6 +59,7 @@ import numpy as np
 from flax import nnx
 
 from rlagent import losses
+from rlagent import parallel
 from rlagent.envs.toolworld.config import ToolWorldConfig
 from rlagent.host import loop as host_loop
 from rlagent.host import provenance
@@ -361,7 +367,7 @@ def run_text(
             host_loop.check_finite(flags, update, runs, files.manager, rows)
             if checkpoints.due(update + 1, config.num_updates):
                 host_loop.save_state(files.manager, update + 1, state)
-            if progress:
+            if progress and parallel.is_primary():
                 print(_progress_line(row, config.num_updates), flush=True)
         host_loop.wait_for_saves(files.manager)
         updates = [files.done, max(files.done, config.num_updates)]
@@ -386,6 +392,11 @@ def _check_run(
         raise ValueError(f"the first task's prompt does not fit: {opening.truncated}")
     eval_tasks = eval_task_list(tasks, evaluation)
     check_mesh(mesh, config, preference)
+    if mesh is not None and evaluation.every and evaluation.episodes % mesh.size:
+        raise ValueError(
+            f"config.eval.episodes = {evaluation.episodes} must be a multiple of the mesh's "
+            f"{mesh.size} devices (each plays its share of them)."
+        )
     checked = critic_of(config, critic, model, preference)
     if preference is not None and preference.judge == "lm":  # the same for the LM judge.
         answer_ids(model.chat, "Yes", "No")
@@ -406,6 +417,7 @@ class TextRun(NamedTuple):
     preference: Preference | None = None
     ref_score: Any = None  # jitted (params, trajectory) -> [B, S, L] log pi (online DPO).
     critic: Any = None  # the critic's initial parameters (a critic-based estimator's).
+    mesh: Any = None  # the policy's mesh (None: one device).
 
     def init(self, params: nnx.State) -> Any:
         """The trained state of the initial parameters (and the run's critic)."""
@@ -448,7 +460,7 @@ def make_text_run(
         program=program,
         reference=frozen_copy(params, policy_config.dtype),
         config=config, tasks=tasks, seed=int(seed), preference=preference,
-        ref_score=None if preference is None else score, critic=critic_params,
+        ref_score=None if preference is None else score, critic=critic_params, mesh=mesh,
     )  # fmt: skip
     return run, params
 
@@ -557,26 +569,43 @@ def _dpo_program(config, score, model: AgentModel, lm, preference: Preference):
 
 def play_batch(run: TextRun, params: nnx.State, update: int) -> tuple[list, Any]:
     """`(episodes, Trajectory)` of update `update` (0-based): `num_groups` tasks drawn with
-    `default_rng([seed, update])`, `group_size` episodes each, keys from (seed, update)."""
+    `default_rng([seed, update])`, `group_size` episodes each, keys from (seed, update)
+    (`play_share`: this process's episodes, the whole batch's trajectory)."""
     config = run.config
     rng = np.random.default_rng([run.seed, update])
-    episodes = []
+    tasks = []
     for _ in range(config.num_groups):  # a group: group_size episodes of one task.
-        make_env, env_seed = run.tasks.pick(rng)
-        episodes += [run.loop.start(make_env(), env_seed) for _ in range(config.group_size)]
-    keys = jax.random.split(jax.random.fold_in(jax.random.key(run.seed), update), len(episodes))
-    run.loop.play(params, episodes, keys)
-    return episodes, run.loop.trajectory(episodes)
+        tasks += [run.tasks.pick(rng)] * config.group_size
+    keys = jax.random.split(jax.random.fold_in(jax.random.key(run.seed), update), len(tasks))
+    return play_share(run, run.loop, params, tasks, keys)
+
+
+def play_share(
+    run: TextRun, loop: TextLoop, params: nnx.State, tasks: list, keys: jax.Array
+) -> tuple[list, Any]:
+    """Plays a batch of `(make_env, seed)` tasks with `keys`: `(this process's episodes,
+    the batch's Trajectory)`. With the run's mesh each process plays its share
+    (`parallel.share`) on its copy of the policy and the trajectory holds every process's
+    rows over the mesh (`sharding.shard_batch`); without, one process plays them all."""
+    mine = parallel.share(len(tasks)) if run.mesh is not None else slice(None)
+    episodes = [loop.start(make_env(), env_seed) for make_env, env_seed in tasks[mine]]
+    local = params if run.mesh is None else parallel.local_view(params, run.mesh)
+    loop.play(local, episodes, keys[mine])
+    trajectory = loop.trajectory(episodes)
+    if run.mesh is not None:
+        trajectory = sharding.shard_batch(trajectory, run.mesh)
+    return episodes, trajectory
 
 
 def _one_update(run: TextRun, state: TextTrainState, update: int):
     """Plays the batch of `update` (0-based) and trains on it: `(state, metric row)`."""
     config, began = run.config, time.perf_counter()
     episodes, trajectory = play_batch(run, state.params, update)
-    played = {k: float(v) for k, v in episode_metrics(episodes[0].env, trajectory).items()}
-    played["truncated"] = float(np.mean([bool(e.truncated) for e in episodes]))
+    played = _played(episodes, trajectory)
+    local = {"truncated": float(np.mean([bool(e.truncated) for e in episodes]))}
     if run.tasks.metrics is not None:
-        played |= run.tasks.metrics([e.env for e in episodes])
+        local |= run.tasks.metrics([e.env for e in episodes])
+    played |= parallel.process_mean(local)  # means of the processes' equal shares.
     sampled = time.perf_counter()
     if run.preference is None:
         ref_logp = run.program.reference(run.reference, trajectory)
@@ -584,7 +613,7 @@ def _one_update(run: TextRun, state: TextTrainState, update: int):
         ref_logp = run.ref_score(run.reference, trajectory)
     kl = losses.kl_penalty(trajectory.logp, ref_logp, kind=config.kl_kind)
     mask = trajectory.loss_mask
-    kl_ref = float(jnp.sum(kl * mask) / jnp.maximum(jnp.sum(mask), 1))
+    kl_ref = float(parallel.fetch(jnp.sum(kl * mask) / jnp.maximum(jnp.sum(mask), 1)))
     if run.preference is None:
         state, stats = run.program.update(state, trajectory, ref_logp)
     else:  # the judge's and the pairs' randomness, from (seed, update) as the sampling's.
@@ -592,7 +621,7 @@ def _one_update(run: TextRun, state: TextTrainState, update: int):
         state, stats = run.program.update(state, trajectory, key)
         stats["reward"] = jnp.mean(jnp.sum(turn_rewards(trajectory, config), axis=1))
         stats["tokens"] = jnp.sum(trajectory.loss_mask).astype(jnp.float32)
-    stats = {k: float(v) for k, v in jax.device_get(stats).items()}
+    stats = {k: float(v) for k, v in parallel.fetch(stats).items()}
     done = time.perf_counter()
     return state, {
         "success": played.pop("success"), "return": stats.pop("reward"),
@@ -620,19 +649,23 @@ def evaluate_text(run: TextRun, params: nnx.State, eval_tasks: list) -> dict[str
     row, began = {}, time.perf_counter()
     keys = jax.random.split(jax.random.key(EVAL_STREAM), len(eval_tasks))
     for mode, loop in zip(EVAL_MODES, (run.loop, run.greedy), strict=True):
-        episodes = [loop.start(make_env(), env_seed) for make_env, env_seed in eval_tasks]
-        loop.play(params, episodes, keys)
-        trajectory = loop.trajectory(episodes)
-        played = episode_metrics(episodes[0].env, trajectory)
+        episodes, trajectory = play_share(run, loop, params, list(eval_tasks), keys)
+        played = _played(episodes, trajectory)
         for name in EVAL_METRICS:
-            row[f"eval_{mode}_{name}"] = float(played.get(name, float("nan")))
+            row[f"eval_{mode}_{name}"] = played.get(name, float("nan"))
         if mode == "sampled":  # mean -log pi of the sampled ids: the policy's entropy.
             mask = trajectory.loss_mask
             row["eval_sampled_entropy"] = float(
-                -jnp.sum(trajectory.logp * mask) / jnp.maximum(jnp.sum(mask), 1)
+                parallel.fetch(-jnp.sum(trajectory.logp * mask) / jnp.maximum(jnp.sum(mask), 1))
             )
     row["eval_s"] = time.perf_counter() - began
     return row
+
+
+def _played(episodes: list, trajectory: Any) -> dict[str, float]:
+    """`episode_metrics` of a played batch's trajectory (every process's rows) as floats."""
+    metrics = parallel.fetch(episode_metrics(episodes[0].env, trajectory))
+    return {name: float(value) for name, value in metrics.items()}
 
 
 def _no_eval() -> dict[str, float]:
