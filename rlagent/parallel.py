@@ -211,6 +211,19 @@ def process_mean(values: dict[str, float]) -> dict[str, float]:
     return {name: float(value) for name, value in zip(names, every.mean(axis=0), strict=True)}
 
 
+def local_mesh(mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
+    """The rows of `mesh` (its leading axis) whose devices are all this process's: the
+    mesh a program that runs in this process only (its episodes' generation) lays its
+    arrays on. With one process, `mesh` itself."""
+    if jax.process_count() == 1:
+        return mesh
+    rows = [
+        i for i, row in enumerate(mesh.devices)
+        if all(device.process_index == jax.process_index() for device in row.flat)
+    ]  # fmt: skip
+    return jax.sharding.Mesh(mesh.devices[rows], mesh.axis_names)
+
+
 def local_view(tree: Any, mesh: jax.sharding.Mesh) -> Any:
     """This process's own whole copy of every array of `tree` laid out on `mesh`, an array
     over its devices alone (no copy). Each of the mesh's leading rows must be one
@@ -218,11 +231,7 @@ def local_view(tree: Any, mesh: jax.sharding.Mesh) -> Any:
     `data` = a multiple of the process count): a program that reads them then runs in
     this process only, e.g. generation of this process's episodes. Arrays this process
     holds whole already are returned as they are."""
-    rows = [
-        i for i, row in enumerate(mesh.devices)
-        if all(device.process_index == jax.process_index() for device in row.flat)
-    ]  # fmt: skip
-    local_mesh = jax.sharding.Mesh(mesh.devices[rows], mesh.axis_names)
+    own = local_mesh(mesh)
 
     def view(leaf: Any) -> Any:
         if not isinstance(leaf, jax.Array) or leaf.is_fully_addressable:
@@ -230,7 +239,7 @@ def local_view(tree: Any, mesh: jax.sharding.Mesh) -> Any:
         spec = leaf.sharding.spec
         if spec and mesh.axis_names[0] in jax.tree.leaves(tuple(spec)):
             raise ValueError(f"local_view: an array sharded along {mesh.axis_names[0]!r}")
-        local = jax.sharding.NamedSharding(local_mesh, spec)
+        local = jax.sharding.NamedSharding(own, spec)
         shards = {shard.device: shard.data for shard in leaf.addressable_shards}
         devices = local.addressable_devices_indices_map(leaf.shape)
         return jax.make_array_from_single_device_arrays(

@@ -451,11 +451,13 @@ def make_text_run(
     else:
         preference = _sized(preference, config)
         program = _dpo_program(config, score, model, (graphdef, policy_config), preference)
+    # The loops run in each process alone, on its own rows of the mesh (`play_share`).
+    play_mesh = None if mesh is None else parallel.local_mesh(mesh)
     run = TextRun(
-        loop=make_text_loop(model.chat, graphdef, policy_config, text_config, mesh=mesh),
+        loop=make_text_loop(model.chat, graphdef, policy_config, text_config, mesh=play_mesh),
         greedy=make_text_loop(
             model.chat, graphdef, policy_config, dataclasses.replace(text_config, temperature=0.0),
-            mesh=mesh,
+            mesh=play_mesh,
         ),
         program=program,
         reference=frozen_copy(params, policy_config.dtype),
