@@ -199,6 +199,15 @@ def make_train(
             return *carry_rollout(params, shard(env_keys), shard(policy_keys)), None
         return rollout(params, shard(env_keys), shard(policy_keys)), None, None
 
+    def gradient_metrics(state: RunnerState, batch: _Batch, measured: bool) -> Metrics:
+        """`credit_grad_cosine` with a critic and a probe (NaN on unmeasured updates)."""
+        if policy_sum is None:
+            return {}
+        if not measured:
+            return {"credit_grad_cosine": jnp.full((), jnp.nan, jnp.float32)}
+        cosine = _gradient_cosine(state.params, batch, state.kl_coef, score_sum, policy_sum, config)
+        return {"credit_grad_cosine": cosine}
+
     def update(state: RunnerState, measure_credit: bool = False) -> tuple[RunnerState, Metrics]:
         if measure_credit and probe is None:
             raise ValueError(_NO_PROBE)
@@ -265,12 +274,7 @@ def make_train(
             )
         elif probe is not None:
             metrics.update(probe.skipped())
-        if policy_sum is not None:
-            metrics["credit_grad_cosine"] = (
-                _gradient_cosine(state.params, batch, state.kl_coef, score_sum, policy_sum, config)
-                if measure_credit
-                else jnp.full((), jnp.nan, jnp.float32)
-            )
+        metrics.update(gradient_metrics(state, batch, measure_credit))
         if needs_ref:
             metrics["kl_to_ref"] = kl_now
         new_state = state._replace(
