@@ -30,8 +30,7 @@ def run(path: str, side: dict) -> dict:
     `prompts_text` (one string per prompt) and `between` (run after each step, outside
     its timing).
     """
-    if path and path not in sys.path:
-        sys.path.append(path)
+    add_path(path)
     from tunix.rl import rl_cluster as rl_cluster_lib
     from tunix.rl.grpo import grpo_learner
     from tunix.rl.rollout import base_rollout
@@ -178,14 +177,31 @@ def _reward(side: dict, timer: _StepTimer):
     return target_fraction
 
 
-def _tunix_llama(llama, mesh):
-    """Tunix's Llama3 holding `llama`'s weights, through a safetensors file."""
+def add_path(path: str) -> None:
+    """Puts the side folder holding tunix and its `--no-deps` dependencies on sys.path."""
+    if path and path not in sys.path:
+        sys.path.append(path)
+
+
+def hf_folder(llama, prefix: str) -> str:
+    """A new folder holding `llama`'s weights as a HF safetensors file and its config.json
+    (the form Tunix's `create_model_from_safe_tensors` loads)."""
     from safetensors.numpy import save_file
-    from tunix.models.llama3 import model as llama_lib
-    from tunix.models.llama3 import params as params_lib
 
     from rlagent.models.hf import hf_config
     from rlagent.models.hf import to_hf_state_dict
+
+    folder = tempfile.mkdtemp(prefix=prefix)
+    save_file(to_hf_state_dict(llama), os.path.join(folder, "model.safetensors"))
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(hf_config(llama.config).to_dict(), f)
+    return folder
+
+
+def _tunix_llama(llama, mesh):
+    """Tunix's Llama3 holding `llama`'s weights, through a safetensors file."""
+    from tunix.models.llama3 import model as llama_lib
+    from tunix.models.llama3 import params as params_lib
 
     cfg = llama.config
     config = llama_lib.ModelConfig(
@@ -194,8 +210,5 @@ def _tunix_llama(llama, mesh):
         num_kv_heads=cfg.num_kv_heads, rope_theta=int(cfg.rope_theta), norm_eps=cfg.norm_eps,
         weight_tying=cfg.tie_embeddings,
     )  # fmt: skip
-    folder = tempfile.mkdtemp(prefix="bench-peers-tunix-")
-    save_file(to_hf_state_dict(llama), os.path.join(folder, "model.safetensors"))
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(hf_config(cfg).to_dict(), f)
+    folder = hf_folder(llama, "bench-peers-tunix-")
     return params_lib.create_model_from_safe_tensors(folder, config, mesh, dtype=np.float32)
