@@ -43,7 +43,8 @@ turns, so it is driven turn by turn as Tunix's agentic loop drives it: at turn t
 episode's whole transcript before the cached engine's turn t (the same prompts, token for
 token, the transcripts forced to follow the cached engine's episodes) is left-padded to
 max_prompt_len, prefilled into a fresh cache of max_prompt_len + max_new_tokens slots, and
-up to max_new_tokens tokens are decoded at the same temperature, stopping when every row
+up to max_new_tokens tokens are decoded at the same temperature and top-p (Tunix samples
+only in top-p mode, greedily without it), stopping when every row
 has sampled END (as the cached engine's decoding does). It samples with its own RNG, so its
 replies differ and it counts its own generated tokens (END included, as the engines count
 theirs; their totals are in the JSON). Its plays alternate with the engines', each after
@@ -390,7 +391,8 @@ def main(argv):
     if tunix is None:
         engines["tunix"] = tunix_summary(plays["tunix"], played["cached"])
         tunix = (
-            f"ran: Tunix {bench_text_rollout_tunix.version()}'s Sampler, turn by turn (docstring)"
+            f"ran: Tunix {bench_text_rollout_tunix.version()}'s Sampler, turn by turn on the"
+            " cached engine's transcripts"
         )
     cached_turns = engines["cached"]["turns"]
     last = cached_turns[-1]["wall_s"] / cached_turns[1]["wall_s"] if len(cached_turns) > 1 else None

@@ -8,7 +8,8 @@ up to `max_generation_steps` tokens, stopping when every row has sampled an END.
 loop calls it once per turn on each episode's whole transcript; so does this side, on the
 transcripts the cached engine played (see `turn_prompts`), with fixed shapes as Tunix's
 `RolloutConfig` sets them (max_prompt_length = the loop's max_prompt_len, max_generation_steps
-= max_new_tokens, cache = both; one compile), the same temperature and END, its own RNG.
+= max_new_tokens, cache = both; one compile), the same temperature, top-p / top-k and END,
+its own RNG.
 
 Kept apart because Tunix is not a package dependency: it is imported from a folder put on
 `sys.path` (docs/benchmarks_history.md, 'Installing Tunix').
@@ -81,11 +82,13 @@ def sample_turn(prepared: dict, prompts: list[list[int]], seed: int) -> list[int
     words its tokenizer reads); the number of tokens each row generated, END included."""
     text, end_id = prepared["text"], prepared["end_id"]
     words = [" ".join(f"t{i}" for i in prompt) for prompt in prompts]
+    # Tunix samples only in top-p mode (top_p None: greedy, whatever the temperature).
+    top_p = None if text.temperature == 0 else text.top_p
     with jax.set_mesh(prepared["mesh"]):
         out = prepared["sampler"](
             words, max_generation_steps=text.max_new_tokens,
             max_prompt_length=text.max_prompt_len, temperature=text.temperature,
-            eos_tokens=[end_id], seed=seed,
+            top_p=top_p, top_k=text.top_k or None, eos_tokens=[end_id], seed=seed,
         )  # fmt: skip
     # `tokens` stop before END; a row shorter than the limit ended with one.
     return [len(t) + (len(t) < text.max_new_tokens) for t in out.tokens]
