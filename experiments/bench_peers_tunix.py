@@ -9,6 +9,7 @@ from a folder put on `sys.path` (`google-tunix` and its dependencies installed w
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import statistics
@@ -39,7 +40,7 @@ def run(path: str, side: dict) -> dict:
     # Auto axes: Tunix 0.1.7's gathers predate JAX's explicit-sharding default.
     auto = (jax.sharding.AxisType.Auto,) * 2
     mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=auto)
-    model = _tunix_llama(side["llama"], mesh)
+    model = tunix_model(side["llama"], mesh, "llama3")
     cluster_config = rl_cluster_lib.ClusterConfig(
         role_to_mesh={role: mesh for role in rl_cluster_lib.Role},
         rollout_engine="vanilla",
@@ -198,17 +199,18 @@ def hf_folder(llama, prefix: str) -> str:
     return folder
 
 
-def _tunix_llama(llama, mesh):
-    """Tunix's Llama3 holding `llama`'s weights, through a safetensors file."""
-    from tunix.models.llama3 import model as llama_lib
-    from tunix.models.llama3 import params as params_lib
-
+def tunix_model(llama, mesh, family: str):
+    """Tunix's model of `family` ('llama3' or 'qwen2': q/k/v biases) holding `llama`'s
+    weights, through a safetensors file."""
+    model_lib = importlib.import_module(f"tunix.models.{family}.model")
+    params_lib = importlib.import_module(f"tunix.models.{family}.params")
     cfg = llama.config
-    config = llama_lib.ModelConfig(
+    tied = {"llama3": "weight_tying", "qwen2": "use_tied_embedding"}[family]
+    config = model_lib.ModelConfig(
         num_layers=cfg.num_layers, vocab_size=cfg.vocab_size, embed_dim=cfg.d_model,
         hidden_dim=cfg.mlp_dim, num_heads=cfg.num_heads, head_dim=cfg.dim_per_head,
         num_kv_heads=cfg.num_kv_heads, rope_theta=int(cfg.rope_theta), norm_eps=cfg.norm_eps,
-        weight_tying=cfg.tie_embeddings,
+        **{tied: cfg.tie_embeddings},
     )  # fmt: skip
-    folder = hf_folder(llama, "bench-peers-tunix-")
+    folder = hf_folder(llama, f"bench-tunix-{family}-")
     return params_lib.create_model_from_safe_tensors(folder, config, mesh, dtype=np.float32)

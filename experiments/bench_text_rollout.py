@@ -337,6 +337,21 @@ def tunix_summary(plays: list, cached: dict) -> dict:
     return out
 
 
+def play_all(prepared: dict, make_env) -> dict:
+    """Per side its `--repeats` timed plays, alternated: every side sees the same load;
+    Tunix's (when prepared) on the transcripts the cached engine just played."""
+    plays = {engine: [] for engine in prepared}
+    for repeat in range(_REPEATS.value):
+        for engine in ENGINES:
+            plays[engine].append(timed_play(prepared[engine], make_env))
+            print(repeat, engine, f"{plays[engine][-1][1][-1]}", flush=True)
+        if "tunix" in prepared:
+            episodes = plays["cached"][-1][0]
+            plays["tunix"].append(tunix_play(prepared["tunix"], episodes))
+            print(repeat, "tunix", f"{plays['tunix'][-1][1][-1]}", flush=True)
+    return plays
+
+
 def main(argv):
     del argv
     for name in ("episodes", "turns", "first_len", "reply_min", "max_new_tokens", "words",
@@ -372,15 +387,7 @@ def main(argv):
         prepared["tunix"] = bench_text_rollout_tunix.make_sampler(
             llama, text, _EPISODES.value, chat.pad_id, chat.end_id
         )
-    plays = {engine: [] for engine in prepared}
-    for repeat in range(_REPEATS.value):  # alternated: every side sees the same load.
-        for engine in ENGINES:
-            plays[engine].append(timed_play(prepared[engine], make_env))
-            print(repeat, engine, f"{plays[engine][-1][1][-1]}", flush=True)
-        if tunix is None:  # on the transcripts the cached engine just played.
-            episodes = plays["cached"][-1][0]
-            plays["tunix"].append(tunix_play(prepared["tunix"], episodes))
-            print(repeat, "tunix", f"{plays['tunix'][-1][1][-1]}", flush=True)
+    plays = play_all(prepared, make_env)
     played = {engine: median_play(plays[engine]) for engine in ENGINES}
     new, old = (played[name]["episodes"] for name in ENGINES)
     pairs = [

@@ -25,7 +25,7 @@ import numpy as np
 
 from experiments.bench_peers_tunix import WordTokenizer
 from experiments.bench_peers_tunix import add_path
-from experiments.bench_peers_tunix import hf_folder
+from experiments.bench_peers_tunix import tunix_model
 
 
 def status(path: str) -> str | None:
@@ -41,22 +41,6 @@ def version() -> str:
     return importlib.metadata.version("google-tunix")
 
 
-def tunix_qwen2(llama, mesh):
-    """Tunix's Qwen2 holding `llama`'s weights (q/k/v biases), through a safetensors file."""
-    from tunix.models.qwen2 import model as qwen2_lib
-    from tunix.models.qwen2 import params as params_lib
-
-    cfg = llama.config
-    config = qwen2_lib.ModelConfig(
-        num_layers=cfg.num_layers, vocab_size=cfg.vocab_size, embed_dim=cfg.d_model,
-        hidden_dim=cfg.mlp_dim, num_heads=cfg.num_heads, head_dim=cfg.dim_per_head,
-        num_kv_heads=cfg.num_kv_heads, rope_theta=int(cfg.rope_theta), norm_eps=cfg.norm_eps,
-        use_tied_embedding=cfg.tie_embeddings,
-    )  # fmt: skip
-    folder = hf_folder(llama, "bench-text-rollout-tunix-")
-    return params_lib.create_model_from_safe_tensors(folder, config, mesh, dtype=np.float32)
-
-
 def make_sampler(llama, text, rows: int, pad_id: int, end_id: int) -> dict:
     """Tunix's sampler of `llama`, its shapes fixed by `text` (a TextConfig), compiled by
     one untimed call on `rows` prompts."""
@@ -65,7 +49,7 @@ def make_sampler(llama, text, rows: int, pad_id: int, end_id: int) -> dict:
     # Auto axes: Tunix 0.1.7's sharding constraints predate JAX's explicit-sharding default.
     auto = (jax.sharding.AxisType.Auto,) * 2
     mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=auto)
-    model = tunix_qwen2(llama, mesh)
+    model = tunix_model(llama, mesh, "qwen2")
     cache = sampler_lib.CacheConfig(
         cache_size=text.max_prompt_len + text.max_new_tokens,
         num_layers=llama.config.num_layers, num_kv_heads=llama.config.num_kv_heads,
