@@ -9,6 +9,7 @@ from a folder put on `sys.path` (`google-tunix` and its dependencies installed w
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import statistics
@@ -30,8 +31,7 @@ def run(path: str, side: dict) -> dict:
     `prompts_text` (one string per prompt) and `between` (run after each step, outside
     its timing).
     """
-    if path and path not in sys.path:
-        sys.path.append(path)
+    add_path(path)
     from tunix.rl import rl_cluster as rl_cluster_lib
     from tunix.rl.grpo import grpo_learner
     from tunix.rl.rollout import base_rollout
@@ -40,7 +40,7 @@ def run(path: str, side: dict) -> dict:
     # Auto axes: Tunix 0.1.7's gathers predate JAX's explicit-sharding default.
     auto = (jax.sharding.AxisType.Auto,) * 2
     mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=auto)
-    model = _tunix_llama(side["llama"], mesh)
+    model = tunix_model(side["llama"], mesh, "llama3")
     cluster_config = rl_cluster_lib.ClusterConfig(
         role_to_mesh={role: mesh for role in rl_cluster_lib.Role},
         rollout_engine="vanilla",
@@ -178,24 +178,39 @@ def _reward(side: dict, timer: _StepTimer):
     return target_fraction
 
 
-def _tunix_llama(llama, mesh):
-    """Tunix's Llama3 holding `llama`'s weights, through a safetensors file."""
+def add_path(path: str) -> None:
+    """Puts the side folder holding tunix and its `--no-deps` dependencies on sys.path."""
+    if path and path not in sys.path:
+        sys.path.append(path)
+
+
+def hf_folder(llama, prefix: str) -> str:
+    """A new folder holding `llama`'s weights as a HF safetensors file and its config.json
+    (the form Tunix's `create_model_from_safe_tensors` loads)."""
     from safetensors.numpy import save_file
-    from tunix.models.llama3 import model as llama_lib
-    from tunix.models.llama3 import params as params_lib
 
     from rlagent.models.hf import hf_config
     from rlagent.models.hf import to_hf_state_dict
 
+    folder = tempfile.mkdtemp(prefix=prefix)
+    save_file(to_hf_state_dict(llama), os.path.join(folder, "model.safetensors"))
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(hf_config(llama.config).to_dict(), f)
+    return folder
+
+
+def tunix_model(llama, mesh, family: str):
+    """Tunix's model of `family` ('llama3' or 'qwen2': q/k/v biases) holding `llama`'s
+    weights, through a safetensors file."""
+    model_lib = importlib.import_module(f"tunix.models.{family}.model")
+    params_lib = importlib.import_module(f"tunix.models.{family}.params")
     cfg = llama.config
-    config = llama_lib.ModelConfig(
+    tied = {"llama3": "weight_tying", "qwen2": "use_tied_embedding"}[family]
+    config = model_lib.ModelConfig(
         num_layers=cfg.num_layers, vocab_size=cfg.vocab_size, embed_dim=cfg.d_model,
         hidden_dim=cfg.mlp_dim, num_heads=cfg.num_heads, head_dim=cfg.dim_per_head,
         num_kv_heads=cfg.num_kv_heads, rope_theta=int(cfg.rope_theta), norm_eps=cfg.norm_eps,
-        weight_tying=cfg.tie_embeddings,
+        **{tied: cfg.tie_embeddings},
     )  # fmt: skip
-    folder = tempfile.mkdtemp(prefix="bench-peers-tunix-")
-    save_file(to_hf_state_dict(llama), os.path.join(folder, "model.safetensors"))
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(hf_config(cfg).to_dict(), f)
+    folder = hf_folder(llama, f"bench-tunix-{family}-")
     return params_lib.create_model_from_safe_tensors(folder, config, mesh, dtype=np.float32)

@@ -32,15 +32,32 @@ turn by turn on a shared CPU. Tokens per second are generated tokens over the su
 (median) wall time. JSON keys: `engines.<name>` (turns, rates, splits),
 `speedup_vs_reprefill`, `turn16_over_turn2` (the cached engine's wall time of turn 16 over
 turn 2; null unless --turns=16; `turn_last_over_turn2`: of the last turn),
-`identical_tokens` (every transcript equal) and `max_abs_logp_diff`, `tunix` (why Tunix's
-sampler did not run when it did not), `provenance` (`rlagent.host.provenance`).
+`identical_tokens` (every transcript equal) and `max_abs_logp_diff`, `tunix` (that Tunix's
+sampler ran, or why not), `speedup_vs_tunix` (when it ran), `load_avg` (before and after),
+`provenance` (`rlagent.host.provenance`).
+
+Tunix's sampler (`--tunix_path`: a folder holding google-tunix, docs/benchmarks_history.md;
+`experiments.bench_text_rollout_tunix`) is a third side, `engines.tunix`, on the same
+weights (its Qwen2 class loaded from a safetensors file of them). It keeps no state across
+turns, so it is driven turn by turn as Tunix's agentic loop drives it: at turn t each
+episode's whole transcript before the cached engine's turn t (the same prompts, token for
+token, the transcripts forced to follow the cached engine's episodes) is left-padded to
+max_prompt_len, prefilled into a fresh cache of max_prompt_len + max_new_tokens slots, and
+up to max_new_tokens tokens are decoded at the same temperature and top-p (Tunix samples
+only in top-p mode, greedily without it), stopping when every row
+has sampled END (as the cached engine's decoding does). It samples with its own RNG, so its
+replies differ and it counts its own generated tokens (END included, as the engines count
+theirs; their totals are in the JSON). Its plays alternate with the engines', each after
+the cached engine's play it follows, and are timed the same way (its prefill and decode
+programs timed to their results; host: the rest, including Tunix's tokenizing of the
+transcripts, given to it as 't<id>' words).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
+import os
 import time
 
 import jax
@@ -49,6 +66,7 @@ from absl import app
 from absl import flags
 from flax import nnx
 
+from experiments import bench_text_rollout_tunix
 from experiments.model_shapes import MODELS
 from rlagent.host import provenance
 from rlagent.models.llama import Llama
@@ -81,6 +99,9 @@ _WARMUP = flags.DEFINE_integer("warmup_turns", 2, "Untimed turns per engine (com
 _REPEATS = flags.DEFINE_integer("repeats", 2, "Timed plays of each engine, alternated.")
 _SEED = flags.DEFINE_integer("seed", 0, "Model, task and sampling seed.")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the results here.")
+_TUNIX_PATH = flags.DEFINE_string(
+    "tunix_path", "", "A folder holding tunix and its --no-deps dependencies ('': none)."
+)
 
 
 class _ToolReplies:
@@ -165,9 +186,9 @@ class _Timer:
         self.probe_s = 0.0
 
     def wrap(self, kind, program, probe=None):
-        def timed(*args):
+        def timed(*args, **kwargs):
             began = time.perf_counter()
-            out = jax.block_until_ready(program(*args))
+            out = jax.block_until_ready(program(*args, **kwargs))
             self.calls.append((kind, began, time.perf_counter() - began))
             if probe is not None:  # the re-prefill engine's prefill share.
                 probe_began = time.perf_counter()
@@ -275,6 +296,10 @@ def summary(played: dict) -> dict:
         mean_reply_tokens=generated / max(sum(len(e.turns) for e in episodes), 1),
         wall_s=played["wall"],
         tokens_per_s=generated / played["wall"],
+        tokens_per_turn=[
+            sum(len(e.turns[t].action) for e in episodes if t < len(e.turns))
+            for t in range(len(turns))
+        ],  # fmt: skip
         prefill_s=sum(t["prefill_s"] for t in turns),
         decode_s=sum(t["decode_s"] for t in turns),
         host_s=sum(t["host_s"] for t in turns),
@@ -282,11 +307,49 @@ def summary(played: dict) -> dict:
     )
 
 
-def tunix_status() -> str:
-    """Why Tunix's sampler is not in this run."""
-    if importlib.util.find_spec("tunix") is None:
-        return "not run: google-tunix is not installed (docs/benchmarks_history.md)"
-    return "not run: this benchmark does not drive Tunix's sampler"
+def tunix_play(prepared: dict, episodes) -> tuple[list[list[int]], list[dict]]:
+    """`(per turn the tokens of each row, per-turn timings)` of Tunix's sampler on the
+    played `episodes`' transcripts, its prefill and decode programs timed as the engines'."""
+    timer, sampler = _Timer(), prepared["sampler"]
+    programs = sampler._compiled_prefill_fn, sampler._compiled_decode_fn
+    sampler._compiled_prefill_fn = timer.wrap("prefill", programs[0])
+    sampler._compiled_decode_fn = timer.wrap("decode", programs[1])
+    try:
+        began = time.perf_counter()
+        counts = bench_text_rollout_tunix.play(prepared, episodes, _SEED.value)
+        elapsed = time.perf_counter() - began
+    finally:
+        sampler._compiled_prefill_fn, sampler._compiled_decode_fn = programs
+    return counts, _turns(timer, began, elapsed)
+
+
+def tunix_summary(plays: list, cached: dict) -> dict:
+    """Tunix's rates and splits, as `summary`'s, from its plays (per turn the medians)."""
+    counts = plays[-1][0]
+    played = median_play([(cached["episodes"], timings) for _, timings in plays])
+    out = summary(played)
+    generated = sum(map(sum, counts))
+    out.update(
+        generated_tokens=generated, mean_reply_tokens=generated / sum(map(len, counts)),
+        tokens_per_s=generated / played["wall"],
+        tokens_per_turn=[sum(row) for row in counts],
+    )  # fmt: skip
+    return out
+
+
+def play_all(prepared: dict, make_env) -> dict:
+    """Per side its `--repeats` timed plays, alternated: every side sees the same load;
+    Tunix's (when prepared) on the transcripts the cached engine just played."""
+    plays = {engine: [] for engine in prepared}
+    for repeat in range(_REPEATS.value):
+        for engine in ENGINES:
+            plays[engine].append(timed_play(prepared[engine], make_env))
+            print(repeat, engine, f"{plays[engine][-1][1][-1]}", flush=True)
+        if "tunix" in prepared:
+            episodes = plays["cached"][-1][0]
+            plays["tunix"].append(tunix_play(prepared["tunix"], episodes))
+            print(repeat, "tunix", f"{plays['tunix'][-1][1][-1]}", flush=True)
+    return plays
 
 
 def main(argv):
@@ -301,9 +364,10 @@ def main(argv):
         raise app.UsageError(f"--reply_max must be >= --reply_min={_REPLY_MIN.value}")
     settings = {name: flags.FLAGS[name].value for name in (
         "model", "episodes", "turns", "first_len", "reply_min", "reply_max", "max_new_tokens",
-        "words", "prefill_chunk", "warmup_turns", "repeats", "seed",
+        "words", "prefill_chunk", "warmup_turns", "repeats", "seed", "tunix_path",
     )}  # fmt: skip
     record = provenance.collect(settings)
+    load_before = os.getloadavg()
     chat = word_chat(_WORDS.value)
     shape = SMALL | {"vocab_size": chat.vocab_size}
     if _MODEL.value != "small":
@@ -317,11 +381,13 @@ def main(argv):
         return _ToolReplies(_TURNS.value, _FIRST.value, reply, _WORDS.value)
 
     prepared = {engine: prepare(engine, chat, model, text, make_env) for engine in ENGINES}
-    plays = {engine: [] for engine in ENGINES}
-    for repeat in range(_REPEATS.value):  # alternated: both engines see the same load.
-        for engine in ENGINES:
-            plays[engine].append(timed_play(prepared[engine], make_env))
-            print(repeat, engine, f"{plays[engine][-1][1][-1]}", flush=True)
+    tunix = bench_text_rollout_tunix.status(_TUNIX_PATH.value)
+    if tunix is None:
+        llama = nnx.merge(*model[:2])
+        prepared["tunix"] = bench_text_rollout_tunix.make_sampler(
+            llama, text, _EPISODES.value, chat.pad_id, chat.end_id
+        )
+    plays = play_all(prepared, make_env)
     played = {engine: median_play(plays[engine]) for engine in ENGINES}
     new, old = (played[name]["episodes"] for name in ENGINES)
     pairs = [
@@ -329,6 +395,12 @@ def main(argv):
     ]
     diffs = [np.abs(np.subtract(a.logp, b.logp)).max(initial=0.0) for a, b in pairs]
     engines = {name: summary(played[name]) for name in ENGINES}
+    if tunix is None:
+        engines["tunix"] = tunix_summary(plays["tunix"], played["cached"])
+        tunix = (
+            f"ran: Tunix {bench_text_rollout_tunix.version()}'s Sampler, turn by turn on the"
+            " cached engine's transcripts"
+        )
     cached_turns = engines["cached"]["turns"]
     last = cached_turns[-1]["wall_s"] / cached_turns[1]["wall_s"] if len(cached_turns) > 1 else None
     results = {
@@ -345,8 +417,13 @@ def main(argv):
         "turn16_over_turn2": last if _TURNS.value == 16 else None,
         "identical_tokens": all(a.tokens == b.tokens for a, b in zip(new, old, strict=True)),
         "max_abs_logp_diff": float(max(diffs, default=0.0)),
-        "tunix": tunix_status(),
+        "tunix": tunix,
+        "load_avg": {"before": load_before, "after": os.getloadavg()},
     }
+    if "tunix" in engines:
+        results["speedup_vs_tunix"] = (
+            engines["cached"]["tokens_per_s"] / engines["tunix"]["tokens_per_s"]
+        )
     results["provenance"] = provenance.finish(record)
     print(json.dumps({k: v for k, v in results.items() if k not in ("engines", "provenance")}))
     if _JSON_OUT.value:

@@ -1,11 +1,12 @@
 """experiments/bench_text_rollout.py at its smallest shapes: it runs both engines, they
-give the same tokens, and its JSON holds the keys the docs read."""
+give the same tokens, and its JSON holds the keys the docs read; Tunix's side."""
 
 import json
 import math
 import os
 import subprocess
 import sys
+import types
 
 ROOT = os.path.dirname(os.path.abspath(os.path.dirname(__file__)))
 
@@ -29,3 +30,47 @@ def test_bench_text_rollout_smallest_shape_writes_its_keys(tmp_path):
         assert [turn["turn"] for turn in part["turns"]] == [1, 2, 3]
         for turn in part["turns"]:
             assert turn["prefill_s"] > 0 and turn["decode_s"] >= 0 and turn["host_s"] >= 0
+
+
+def test_tunix_sampler_greedy_matches_rlagent_or_says_why_not():
+    """With Tunix in its side folder: its Qwen2, loaded from the rlagent weights, decodes
+    greedily the same ids as rlagent's sampler, and the turn-by-turn driver reads each
+    turn's transcript and counts the generated tokens. Without it: the reason given."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from experiments import bench_text_rollout_tunix as tunix_side
+    from rlagent.models.llama import Llama
+    from rlagent.models.llama import PolicyConfig
+    from rlagent.models.sampler import generate
+    from rlagent.text.loop import TextConfig
+
+    why = tunix_side.status(os.environ.get("TUNIX_PATH", "/tmp/tunix_pkg"))
+    if why is not None:
+        assert why.startswith("not run: google-tunix is not installed")
+        return
+    config = PolicyConfig(vocab_size=40, pad_id=0, d_model=16, num_layers=1, num_heads=2,
+                          num_kv_heads=1, mlp_dim=32, qkv_bias=True)  # fmt: skip
+    llama = Llama(config, rngs=nnx.Rngs(0))
+    text = TextConfig(max_new_tokens=5, obs_len=8, max_prompt_len=12, temperature=0.0)
+    prepared = tunix_side.make_sampler(llama, text, 2, pad_id=0, end_id=-1)
+    prompts = [[3, 5, 7, 9, 11], [4, 6, 8, 10, 12, 14, 16, 18]]
+    out = prepared["sampler"](
+        [" ".join(f"t{i}" for i in p) for p in prompts], max_generation_steps=5,
+        max_prompt_length=12, temperature=0.0, eos_tokens=[-1],
+    )  # fmt: skip
+    graphdef, params = nnx.split(llama)
+    for prompt, tokens in zip(prompts, out.tokens, strict=True):
+        ours = generate(
+            graphdef, params, jnp.array([prompt], jnp.int32), jax.random.key(0),
+            max_new_tokens=5, prompt_valid=jnp.ones((1, len(prompt)), bool), end_id=-1,
+            pad_id=0, temperature=0.0,
+        )  # fmt: skip
+        assert np.asarray(tokens).tolist() == np.asarray(ours.tokens[0]).tolist()
+    episode = types.SimpleNamespace(
+        tokens=[3, 5, 7, 20, 21, 9, 11, 22], loss_mask=[0, 0, 0, 1, 1, 0, 0, 1], turns=[0, 0]
+    )
+    assert tunix_side.turn_prompts(episode) == [[3, 5, 7], [3, 5, 7, 20, 21, 9, 11]]
+    assert tunix_side.play(prepared, [episode, episode], seed=0) == [[5, 5], [5, 5]]
