@@ -8,9 +8,8 @@ Each setup runs `experiments.sparse_vs_dense` on a small config (`SETTINGS`; epi
 sharded over every device of the run) in a fresh folder; its speed is the median of the
 `turns_per_sec` of the chunks after the first (which compiles). The JSON holds each
 setup's chunk speeds, the machine's load average before and after it (`os.getloadavg`:
-the CPU may be shared) and provenance (`rlagent.host.provenance`). `start_local` /
-`run_local` start a launcher as several local processes; tests/test_distributed.py
-starts its runs with them.
+the CPU may be shared) and provenance (`rlagent.host.provenance`). The processes start
+through `experiments.local_processes` (as tests/test_distributed.py's do).
 """
 
 from __future__ import annotations
@@ -18,19 +17,16 @@ from __future__ import annotations
 import csv
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 from typing import Any
 
 from absl import app
 from absl import flags
 
+from experiments.local_processes import run_local
 from rlagent.host import provenance
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the results as JSON to this path.")
 _UPDATES = flags.DEFINE_integer("num_updates", 8, "Updates per setup (the first chunk compiles).")
 
@@ -42,42 +38,6 @@ SETTINGS = {
     "config.env.level": 1, "config.train.num_groups": 4, "config.train.group_size": 4,
     "config.eval.every": 0,
 }  # fmt: skip
-
-
-def run_local(
-    argv: list[str], *, processes: int, devices: int, timeout: float = 600
-) -> list[tuple[int, str, str]]:
-    """`start_local`'s processes run to their end: each one's `(exit status, stdout,
-    stderr)`."""
-    return finish(start_local(argv, processes=processes, devices=devices), timeout)
-
-
-def finish(children: list[subprocess.Popen], timeout: float = 600) -> list[tuple[int, str, str]]:
-    """Waits for `children`: each one's `(exit status, stdout, stderr)`."""
-    outputs = [child.communicate(timeout=timeout) for child in children]
-    return [(child.returncode, *output) for child, output in zip(children, outputs, strict=True)]
-
-
-def start_local(argv: list[str], *, processes: int, devices: int) -> list[subprocess.Popen]:
-    """Starts `python <argv>` as `processes` processes of `devices` CPU devices each (XLA's
-    host platform device count), joined over gloo on a free localhost port when there
-    are several (`--coordinator_address`, `--num_processes`, `--process_id` appended)."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
-    count = "--xla_force_host_platform_device_count"
-    kept = [flag for flag in env.get("XLA_FLAGS", "").split() if not flag.startswith(count)]
-    env["XLA_FLAGS"] = " ".join([*kept, f"{count}={devices}"])
-    commands = [[sys.executable, *argv]]
-    if processes > 1:
-        with socket.socket() as s:
-            s.bind(("localhost", 0))
-            port = s.getsockname()[1]
-        joined = [f"--coordinator_address=localhost:{port}", f"--num_processes={processes}"]
-        commands = [[*commands[0], *joined, f"--process_id={i}"] for i in range(processes)]
-    return [
-        subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-        for command in commands
-    ]  # fmt: skip
 
 
 def measure(processes: int, devices: int, num_updates: int) -> dict[str, Any]:

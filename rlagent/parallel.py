@@ -100,8 +100,11 @@ def initialize_distributed(
 
 
 def maybe_initialize_distributed() -> None:
-    """`initialize_distributed` from the parsed flags of `define_distributed_flags`."""
+    """`initialize_distributed` from the parsed flags of `define_distributed_flags`
+    (nothing before the flags are parsed: a study called from Python runs in one process)."""
     values = flags.FLAGS
+    if not values.is_parsed():
+        return
     initialize_distributed(
         values.coordinator_address,
         values.num_processes,

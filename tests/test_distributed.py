@@ -29,8 +29,8 @@ from test_hf_agent import TIMINGS
 from test_hf_agent import assert_rows_close
 from test_hf_agent import toolworld_model  # noqa: F401 - the tiny checkpoint's fixture.
 
-from experiments.bench_distributed import finish
-from experiments.bench_distributed import start_local
+from experiments.local_processes import finish
+from experiments.local_processes import start_local
 from rlagent import parallel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
