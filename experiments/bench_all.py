@@ -42,15 +42,19 @@ BENCHES: dict[str, tuple[str, tuple[str, ...]]] = {
     "peers": ("experiments.bench_peers", ("--repeats=7",)),
 }
 
-_OUT = flags.DEFINE_string("out", None, "A new or empty folder for the JSON files.")
-_ONLY = flags.DEFINE_list("only", list(BENCHES), f"Benchmarks to run, of {sorted(BENCHES)}.")
-_ALLOW_DIRTY = flags.DEFINE_bool("allow_dirty", False, "Run on a checkout with changes.")
-_TUNIX_PATH = flags.DEFINE_string(
-    "tunix_path", "", "Passed to bench_peers: a folder holding Tunix (docs/benchmarks_history.md)."
-)
-_MAX_LOAD = flags.DEFINE_float(
-    "max_load", 1.5, "Refuse to start above this 1-minute load average (inf: never refuse)."
-)
+
+def define_flags() -> None:
+    """The command's flags, defined when it runs (not on import: tests import this module
+    beside launchers whose flags share these names)."""
+    flags.DEFINE_string("out", None, "A new or empty folder for the JSON files.")
+    flags.DEFINE_list("only", list(BENCHES), f"Benchmarks to run, of {sorted(BENCHES)}.")
+    flags.DEFINE_bool("allow_dirty", False, "Run on a checkout with changes.")
+    flags.DEFINE_string(
+        "tunix_path", "", "Passed to bench_peers: a folder holding Tunix (benchmarks_history.md)."
+    )
+    flags.DEFINE_float(
+        "max_load", 1.5, "Refuse to start above this 1-minute load average (inf: never refuse)."
+    )
 
 
 def _load() -> float:
@@ -126,17 +130,18 @@ def run(
 
 def main(argv):
     del argv
+    values = flags.FLAGS
     benches = dict(BENCHES)
-    if _TUNIX_PATH.value:
+    if values.tunix_path:
         module, extra = benches["peers"]
-        benches["peers"] = (module, (*extra, f"--tunix_path={_TUNIX_PATH.value}"))
+        benches["peers"] = (module, (*extra, f"--tunix_path={values.tunix_path}"))
     try:
         result = run(
-            _OUT.value,
-            _ONLY.value,
+            values.out,
+            values.only,
             benches=benches,
-            allow_dirty=_ALLOW_DIRTY.value,
-            max_load=_MAX_LOAD.value,
+            allow_dirty=values.allow_dirty,
+            max_load=values.max_load,
         )
     except ValueError as error:
         sys.exit(f"bench_all: {error}")
@@ -146,4 +151,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)
