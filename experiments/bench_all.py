@@ -84,9 +84,10 @@ def check(
             f"the checkout has changes ({', '.join(changed[:5])}): a bench_all run names one "
             "commit; commit them or pass --allow_dirty"
         )
-    if _load() > max_load:
+    load = _load()
+    if load > max_load:
         raise ValueError(
-            f"--max_load: the load average is {_load()} > {max_load}; wait for a quiet "
+            f"--max_load: the load average is {load} > {max_load}; wait for a quiet "
             "machine or pass --max_load=inf (the numbers are then a note)"
         )
 
