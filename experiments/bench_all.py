@@ -38,6 +38,12 @@ BENCHES: dict[str, tuple[str, tuple[str, ...]]] = {
     "rollout": ("experiments.bench_rollout", ()),
     "train": ("experiments.bench_train", ()),
     "credit": ("experiments.bench_credit", ()),
+    # The main experiment compiled cold, then warm from the persistent cache.
+    "cache": ("experiments.bench_train", ("--cache_check",)),
+    # Compiled programs' memory at real model sizes (abstract shapes, no weights).
+    "memory": ("experiments.bench_memory", ()),
+    # The text engines on 16 BFCL-like turns (Tunix's sampler: its own run, docs/benchmarks.md).
+    "text_rollout": ("experiments.bench_text_rollout", ()),
     # TRL and Tunix beside rlagent (`.[bench]`; Tunix from `--tunix_path`).
     "peers": ("experiments.bench_peers", ("--repeats=7",)),
 }
