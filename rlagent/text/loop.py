@@ -130,12 +130,19 @@ class TextConfig:
     # samples for the same keys (tests/test_text.py).
     engine: str = "cached"
     prefill_chunk: int = 64  # 'cached': tokens per pass of the prefill loop.
+    # 'cached': before each turn the live episodes are packed into as few groups of
+    # sample_batch rows as hold them, their caches moved along (`TextLoop._compact`), so
+    # episodes that are over stop costing rows of every prefill and decode step. The
+    # same samples either way (tests/test_text.py).
+    compact: bool = True
 
     def __post_init__(self):
         if not isinstance(self.sample_batch, int) or self.sample_batch < 0:
             raise ValueError(
                 f"TextConfig.sample_batch must be an integer >= 0, got {self.sample_batch!r}"
             )
+        if not isinstance(self.compact, bool):
+            raise ValueError(f"TextConfig.compact must be a bool, got {self.compact!r}")
         if self.engine not in ENGINES:
             raise ValueError(f"TextConfig.engine must be one of {ENGINES}, got {self.engine!r}")
         for name in ("max_new_tokens", "obs_len", "max_prompt_len", "prefill_chunk"):
@@ -220,6 +227,12 @@ class CachedSampler(NamedTuple):
     # The rows split over the data axis of a mesh (None: one device); a group's rows are
     # a multiple of that axis's size.
     sharding: jax.sharding.NamedSharding | None = None
+    # jitted (dest caches, src caches, index [R], take [R]) -> caches: row r of dest
+    # replaced by row index[r] of src where take[r], dest donated (`TextLoop._compact`).
+    move: Any = None
+    # What the engine dispatched since it was made: 'group_turns' (a group's prefill and
+    # decode of one turn) and 'moved_rows' (episodes whose caches compaction moved).
+    counts: dict | None = None
 
     def place(self, *arrays):
         """The row-major arrays of a call, on the devices of their rows."""
@@ -288,27 +301,32 @@ class TextLoop(NamedTuple):
         return list(episodes)
 
     def _play_cached(self, params, episodes, keys, num_turns) -> list[Episode]:
-        """`play` with the 'cached' engine: the episodes in groups of `sample_batch` rows,
-        each group with its caches for the whole call (one cache of
-        `TextConfig.cache_len` slots per episode: the longest transcript plus the
-        overhang of a prefill piece, so memory is bounded by rows x cache_len, whatever
-        the turn). A turn appends to each live episode's cache the transcript tokens it
-        does not hold yet (the first turn of a call: the whole transcript; later: the
-        previous turn's last sampled id, then the template tokens the turn reads), then
-        decodes until every row of the group has ended its turn. A group whose episodes
-        are all over is skipped; an episode over in a live group samples nothing. The
-        groups of a turn are all dispatched before the first is fetched, so the host
-        steps a group's environments while the device samples the next groups."""
+        """`play` with the 'cached' engine: the episodes in groups of `sample_batch` rows
+        (rounded up to the mesh's row multiple: one compiled program), each group with
+        its caches (one cache of `TextConfig.cache_len` slots per row: the longest
+        transcript plus the overhang of a prefill piece, so memory is bounded by rows x
+        cache_len, whatever the turn). A turn appends to each live episode's cache the
+        transcript tokens it does not hold yet (the first turn of a call: the whole
+        transcript; later: the previous turn's last sampled id, then the template tokens
+        the turn reads), then decodes until every row of the group has ended its turn.
+        With `TextConfig.compact` the live episodes are packed into as few groups as hold
+        them before each turn (`_compact`); without, a group whose episodes are all over
+        is skipped and an episode over in a live group samples nothing. The groups of a
+        turn are all dispatched before the first is fetched, so the host steps a group's
+        environments while the device samples the next groups."""
         size, multiple = len(episodes), self.cached.row_multiple
         if all(e.over for e in episodes) or num_turns == 0:
             return list(episodes)
         rows = min(self.config.sample_batch or size, size)
-        groups = [np.arange(s, min(s + rows, size)) for s in range(0, size, rows)]
+        order = [r for r in range(size) if not (self.config.compact and episodes[r].over)]
+        groups = [np.asarray(order[s : s + rows]) for s in range(0, len(order), rows)]
         rows = -(-rows // multiple) * multiple
         caches = [self.cached.init(rows) for _ in groups]
         held = np.zeros(size, np.int64)  # the transcript tokens each episode's cache holds.
         played = 0
         while any(not e.over for e in episodes) and (num_turns is None or played < num_turns):
+            if self.config.compact:
+                groups = self._compact(episodes, groups, caches, rows)
             turn_index = jnp.asarray([len(e.turns) for e in episodes], jnp.int32)
             turn_keys = jax.vmap(jax.random.fold_in)(keys, turn_index)
             sampled = []  # every group dispatched first: the device samples the later
@@ -320,6 +338,7 @@ class TextLoop(NamedTuple):
                     params, caches[g], [episodes[r] for r in group], held[group],
                     turn_keys[padded],
                 )  # fmt: skip
+                self.cached.counts["group_turns"] += 1
                 sampled.append((group, out))
             for group, out in sampled:
                 out = jax.tree.map(np.asarray, out)
@@ -334,6 +353,43 @@ class TextLoop(NamedTuple):
                                   out.logp[i, :length].tolist())  # fmt: skip
             played += 1
         return list(episodes)
+
+    def _compact(self, episodes, groups, caches, rows) -> list[np.ndarray]:
+        """Packs the live episodes into as few groups of `rows` rows as hold them, in
+        their order; `caches` (one per group, replaced in place) follow their rows.
+
+        The groups that hold no live episode are dropped. When the live episodes fit in
+        fewer groups than remain, new group k is built in a fresh cache from the rows of
+        the old groups it takes (`CachedSampler.move`, one call per old group), and every
+        old group whose live rows have all moved is dropped then. The episodes keep their
+        order, so new group k takes from old groups >= k, and k full new groups empty at
+        least k old ones: memory stays within the caches of the groups in play plus one
+        group's (rows x cache_len slots) during the move. Keys and `held` are indexed by
+        episode, so they follow; the samples are those of the engine without compaction.
+        Returns the new groups (episode indices per row)."""
+        keep = [g for g, group in enumerate(groups) if any(not episodes[r].over for r in group)]
+        live = [(g, i) for g in keep for i, r in enumerate(groups[g]) if not episodes[r].over]
+        if -(-len(live) // rows) >= len(keep):
+            caches[:] = [caches[g] for g in keep]
+            return [groups[g] for g in keep]
+        for g in set(range(len(groups))) - set(keep):
+            caches[g] = None
+        packed, moved = [], []
+        for start in range(0, len(live), rows):
+            part = live[start : start + rows]
+            cache = self.cached.init(rows)
+            for g in sorted({g for g, _ in part}):
+                take = np.asarray([h == g for h, _ in part] + [False] * (rows - len(part)))
+                index = np.zeros(rows, np.int32)
+                index[: len(part)] = [i for _, i in part]
+                cache = self.cached.move(cache, caches[g], index, take)
+            for g in range(part[-1][0]):  # their live rows have all moved.
+                caches[g] = None
+            packed.append(np.asarray([groups[g][i] for g, i in part]))
+            moved.append(cache)
+        self.cached.counts["moved_rows"] += len(live)
+        caches[:] = moved
+        return packed
 
     def _cached_turn(self, params, caches, members, held, keys):
         """One turn of a group, dispatched: `(Generation, caches)` on the device; rows
@@ -468,12 +524,21 @@ def _cached_sampler(graphdef, policy_config, config, sampling) -> CachedSampler:
         one = init_cache(policy_config, 1, config.cache_len)
         return jax.tree.map(lambda x: jnp.broadcast_to(x, (count, *x.shape)), one)
 
+    @functools.partial(jax.jit, donate_argnums=0, out_shardings=rows)
+    def move(dest, src, index, take):
+        def one(to, from_):
+            return jnp.where(take.reshape(-1, *[1] * (to.ndim - 1)), from_[index], to)
+
+        return jax.tree.map(one, dest, src)
+
     return CachedSampler(
         prefill=jax.jit(jax.vmap(prefill_row, in_axes=(None, 0, 0, 0, 0)), donate_argnums=1),
         decode=jax.jit(jax.vmap(decode_row, in_axes=(None, 0, 0, 0, 0, 0)), donate_argnums=1),
         init=init,
         width=-(-config.max_prompt_len // chunk) * chunk,
         sharding=rows,
+        move=move,
+        counts={"group_turns": 0, "moved_rows": 0},
     )
 
 
