@@ -18,12 +18,27 @@ steps on the decoded text and its reply is appended as template tokens
   the turn reads: `sampler.prefill`), then decodes from there (`sampler.decode`). Memory:
   one cache of `TextConfig.cache_len` = P + max(L, prefill_chunk) slots per episode of
   the call (the longest transcript plus the overhang of a prefill piece), whatever the
-  turn. An episode's slots are its positions 0..n-1, so a prefilled token costs
-  attention over the cache, not a transcript prefilled again.
+  turn (fewer with a history window, below). An episode's slots are its positions
+  0..n-1 (without a window), so a prefilled token costs attention over the cache, not a
+  transcript prefilled again. Before each turn the live episodes are packed into as few
+  groups as hold them (`TextConfig.compact`, `TextLoop._compact`).
 * 'reprefill': the live transcripts are left-padded into one [B, P] batch and prefilled
   again every turn (`sampler.generate`). Left padding keeps RoPE exact: a query and a
   key interact through their slot difference only, so a transcript at slots [P - n, P)
   scores as it would at [0, n).
+
+History window (`TextConfig.history_window` = W > 0, 'cached' engine): turn t reads the
+header (the tokens before turn 0's ids) and the last W turns (a turn: its ids and the
+template tokens after them). Before a turn the caches evict the turns that left the
+window: the later slots move down over them (`sampler.evict`), keeping their order, and
+new tokens are written after them at slot + offset (offset: the tokens evicted), so
+positions go on as in the whole transcript and keys stay rotated at theirs. Moving the
+kept slots down (rather than a ring of slots) keeps every write one contiguous piece
+(`prefill`, `decode` unchanged) and causality by slot; its cost is one gather of the cache
+per turn. A cache then holds the header, W turns and the turn being written:
+`TextConfig.cache_len`. A cache made at the first turn of a `play` call is filled read
+turn by read turn (`TextLoop._plan`), each with its window, so its keys are the ones the
+episode's own sampling computed and a play split over calls samples as one call.
 
 Forks: an `Episode` holds its Python environment, so `fork(episode)` (a deep copy) is the
 state of the episode at its current turn, and turn t of an episode samples with
