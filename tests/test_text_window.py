@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from text_helpers import play_staggered
 from text_helpers import tiny_text_policy
 from text_helpers import tiny_tokenizer
 
@@ -102,7 +103,22 @@ def test_the_cache_slots_in_use_stay_bounded_as_turns_grow(setup):
     assert slots[1, 8] == slots[1, 4], slots
     assert slots[0, 8] > slots[0, 4] + 3 * turn // 2 > slots[1, 8], slots
     windowed = dataclasses.replace(CONFIG, obs_len=240, max_prompt_len=2000, history_window=1)
-    assert windowed.cache_len == 240 + 2 * (240 + 10) + 16 < CONFIG.max_prompt_len + 2000
+    assert windowed.cache_len == 240 + (240 + 10) + 10 + 16 < 2000
+    assert dataclasses.replace(CONFIG, history_window=1).cache_len < CONFIG.cache_len
+
+
+def test_compaction_with_a_window_changes_no_sample(setup):
+    """Six episodes of 1 to 4 turns in groups of 2, W = 1: the caches moved by compaction
+    carry their evictions along (the samples of the engine that keeps every group)."""
+    played = {}
+    for compact in (True, False):
+        text = dataclasses.replace(CONFIG, history_window=1, compact=compact)
+        loop = make_text_loop(setup["chat"], setup["graphdef"], setup["config"], text)
+        played[compact] = play_staggered(
+            loop, setup["params"], jax.random.split(jax.random.key(7), 6)
+        )
+        assert loop.cached.counts["moved_rows"] == (3 if compact else 0)
+    _assert_same(played[True], played[False], 1e-6)
 
 
 def test_window_refusals_name_the_field():

@@ -199,13 +199,15 @@ class TextConfig:
     def cache_len(self) -> int:
         """Slots of one episode's KV cache in the 'cached' engine: P + max(L, chunk), the
         longest transcript plus the overhang of the last prefill piece; with a history
-        window at most O + W (O + L) + L + chunk (the header, W turns of at most O + L
-        tokens, a turn's tokens being written and a prefill piece's overhang)."""
+        window at most O + W (O + L) + L + chunk: the header, W turns of at most O + L
+        tokens, a turn's ids (decoded, or written when a cache is filled) and a prefill
+        piece's overhang."""
         full = self.max_prompt_len + max(self.max_new_tokens, self.prefill_chunk)
         if not self.history_window:
             return full
         turn = self.obs_len + self.max_new_tokens
-        return min(full, self.obs_len + self.history_window * turn + turn + self.prefill_chunk)
+        window = self.history_window * turn + self.max_new_tokens + self.prefill_chunk
+        return min(full, self.obs_len + window)
 
 
 @dataclasses.dataclass(eq=False)
