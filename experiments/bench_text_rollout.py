@@ -363,7 +363,8 @@ def staggered(chat, model, text: TextConfig) -> dict:
         began = time.perf_counter()
         loop.play(params, episodes, keys)
         seconds = time.perf_counter() - began
-        return episodes, seconds, {k: loop.cached.counts[k] - before[k] for k in before}
+        counts = loop.cached.counts
+        return episodes, seconds, {k: counts[k] - before[k] for k in ("group_turns", "moved_rows")}
 
     sides = {}
     for name, compact in (("compact", True), ("kept", False)):
