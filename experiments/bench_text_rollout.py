@@ -34,7 +34,8 @@ turn by turn on a shared CPU. Tokens per second are generated tokens over the su
 turn 2; null unless --turns=16; `turn_last_over_turn2`: of the last turn),
 `identical_tokens` (every transcript equal) and `max_abs_logp_diff`, `tunix` (that Tunix's
 sampler ran, or why not), `speedup_vs_tunix` (when it ran), `load_avg` (before and after),
-`provenance` (`rlagent.host.provenance`).
+`provenance` (`rlagent.host.provenance`); with `--staggered_groups` > 0, `staggered`
+(compaction, `staggered`).
 
 Tunix's sampler (`--tunix_path`: a folder holding google-tunix, docs/benchmarks_history.md;
 `experiments.bench_text_rollout_tunix`) is a third side, `engines.tunix`, on the same
@@ -99,6 +100,10 @@ _WARMUP = flags.DEFINE_integer("warmup_turns", 2, "Untimed turns per engine (com
 _REPEATS = flags.DEFINE_integer("repeats", 2, "Timed plays of each engine, alternated.")
 _SEED = flags.DEFINE_integer("seed", 0, "Model, task and sampling seed.")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the results here.")
+_STAGGERED = flags.DEFINE_integer(
+    "staggered_groups", 0, "> 0: also play this many groups of --episodes episodes ending "
+    "at different turns, the cached engine with and without compaction (JSON 'staggered')."
+)  # fmt: skip
 _TUNIX_PATH = flags.DEFINE_string(
     "tunix_path", "", "A folder holding tunix and its --no-deps dependencies ('': none)."
 )
@@ -337,6 +342,52 @@ def tunix_summary(plays: list, cached: dict) -> dict:
     return out
 
 
+def staggered(chat, model, text: TextConfig) -> dict:
+    """The cached engine with and without compaction (`TextConfig.compact`) on episodes
+    that end at different turns: `--staggered_groups` groups of R = `--episodes` rows,
+    the episode at row i of its group ending after 1 + i (turns - 1) / (R - 1) turns, so
+    every group loses rows as the turns go. Each side plays once untimed (compiles), then
+    `--repeats` times, the sides alternated: the median wall seconds of a play, the
+    group-turns and rows moved of one play (`CachedSampler.counts`), the same tokens."""
+    graphdef, params, policy_config = model
+    rows, turns = _EPISODES.value, _TURNS.value
+    count = rows * _STAGGERED.value
+    lengths = [1 + i % rows * (turns - 1) // max(rows - 1, 1) for i in range(count)]
+    keys = jax.random.split(jax.random.key(_SEED.value), count)
+    reply = (_REPLY_MIN.value, _REPLY_MAX.value)
+
+    def play(loop):
+        envs = [_ToolReplies(n, _FIRST.value, reply, _WORDS.value) for n in lengths]
+        episodes = [loop.start(env, i) for i, env in enumerate(envs)]
+        before = dict(loop.cached.counts)
+        began = time.perf_counter()
+        loop.play(params, episodes, keys)
+        seconds = time.perf_counter() - began
+        counts = loop.cached.counts
+        return episodes, seconds, {k: counts[k] - before[k] for k in ("group_turns", "moved_rows")}
+
+    sides = {}
+    for name, compact in (("compact", True), ("kept", False)):
+        config = dataclasses.replace(text, sample_batch=rows, compact=compact)
+        sides[name] = dict(loop=make_text_loop(chat, graphdef, policy_config, config), walls=[])
+        play(sides[name]["loop"])
+    for _ in range(_REPEATS.value):
+        for side in sides.values():
+            side["episodes"], seconds, side["counts"] = play(side["loop"])
+            side["walls"].append(seconds)
+    both = list(zip(sides["compact"]["episodes"], sides["kept"]["episodes"], strict=True))
+    pairs = [pair for a, b in both for pair in zip(a.turns, b.turns, strict=True)]
+    out = dict(groups=_STAGGERED.value, sample_batch=rows, episode_turns=lengths)
+    for name, side in sides.items():
+        out[name] = dict(wall_s=float(np.median(side["walls"])), **side["counts"])
+    out["speedup"] = out["kept"]["wall_s"] / out["compact"]["wall_s"]
+    out["identical_tokens"] = all(a.tokens == b.tokens for a, b in both)
+    out["max_abs_logp_diff"] = float(
+        max((np.abs(np.subtract(a.logp, b.logp)).max(initial=0.0) for a, b in pairs), default=0)
+    )
+    return out
+
+
 def play_all(prepared: dict, make_env) -> dict:
     """Per side its `--repeats` timed plays, alternated: every side sees the same load;
     Tunix's (when prepared) on the transcripts the cached engine just played."""
@@ -365,6 +416,7 @@ def main(argv):
     settings = {name: flags.FLAGS[name].value for name in (
         "model", "episodes", "turns", "first_len", "reply_min", "reply_max", "max_new_tokens",
         "words", "prefill_chunk", "warmup_turns", "repeats", "seed", "tunix_path",
+        "staggered_groups",
     )}  # fmt: skip
     record = provenance.collect(settings)
     load_before = os.getloadavg()
@@ -420,6 +472,8 @@ def main(argv):
         "tunix": tunix,
         "load_avg": {"before": load_before, "after": os.getloadavg()},
     }
+    if _STAGGERED.value > 0:
+        results["staggered"] = staggered(chat, model, text)
     if "tunix" in engines:
         results["speedup_vs_tunix"] = (
             engines["cached"]["tokens_per_s"] / engines["tunix"]["tokens_per_s"]

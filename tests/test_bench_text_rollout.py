@@ -16,7 +16,7 @@ def test_bench_text_rollout_smallest_shape_writes_its_keys(tmp_path):
     command = [sys.executable, "-m", "experiments.bench_text_rollout", "--episodes=2",
                "--turns=3", "--first_len=8", "--reply_min=2", "--reply_max=6",
                "--max_new_tokens=4", "--warmup_turns=1", "--repeats=2",
-               f"--json_out={out}"]  # fmt: skip
+               "--staggered_groups=2", f"--json_out={out}"]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(out.read_text())
@@ -24,6 +24,13 @@ def test_bench_text_rollout_smallest_shape_writes_its_keys(tmp_path):
     assert results["turn16_over_turn2"] is None and results["turn_last_over_turn2"] > 0
     assert math.isfinite(results["speedup_vs_reprefill"]) and results["speedup_vs_reprefill"] > 0
     assert "tunix" in results and results["provenance"]["config"]["turns"] == 3
+    # Two groups of 2 episodes of 1 and 3 turns: compaction packs the two live episodes of
+    # turns 2 and 3 into one group (4 group-turns instead of 6).
+    staggered = results["staggered"]
+    assert staggered["episode_turns"] == [1, 3, 1, 3] and staggered["identical_tokens"] is True
+    assert staggered["max_abs_logp_diff"] <= 1e-6
+    assert staggered["kept"]["group_turns"] == 6 and staggered["kept"]["moved_rows"] == 0
+    assert staggered["compact"]["group_turns"] == 4 and staggered["compact"]["moved_rows"] == 2
     for engine in ("cached", "reprefill"):
         part = results["engines"][engine]
         assert part["tokens_per_s"] > 0 and part["generated_tokens"] > 0

@@ -595,6 +595,8 @@ BAD_CONFIGS = {
                               c.train.update(estimator="gae_turn")), "online DPO trains no critic"),
     "tree": (lambda c: c.train.update(estimator="tree_grpo"), "trains on tree rollouts"),
     "sampling": (lambda c: c.sampling.update(max_new_tokens=0), "TextConfig.max_new_tokens"),
+    "window": (lambda c: c.sampling.update(history_window=2, engine="reprefill"),
+               "TextConfig.history_window=2 needs engine='cached'"),
     "dtype": (lambda c: c.model.update(dtype="int8"), "config.model.dtype"),
     "param_dtype": (lambda c: c.model.update(param_dtype="float16"), "config.model.param_dtype"),
     "reward": (lambda c: c.train.update(reward="dialogue"), "config.train.reward"),

@@ -8,6 +8,10 @@ One loop (one compiled sampler) is shared by the module.
 
 import copy
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +19,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from text_helpers import CHATML
+from text_helpers import play_staggered
 from text_helpers import tiny_text_policy
 from text_helpers import tiny_tokenizer
 
@@ -275,6 +280,76 @@ def test_the_cached_engine_samples_as_the_reprefill_engine(setup):
         TextConfig(engine="paged")
     with pytest.raises(ValueError, match="TextConfig.prefill_chunk must be an integer >= 1"):
         TextConfig(prefill_chunk=0)
+
+
+def test_compaction_packs_the_live_episodes_and_changes_no_sample(setup):
+    """Six episodes of 1 to 4 turns in groups of 2 rows: packing the live ones into as
+    few groups as hold them (their caches moved) gives the tokens and log-probs (within
+    1e-6) of the engine that keeps every group, in fewer group-turns: 3 + 2 + 1 + 1
+    instead of 3 + 3 + 2 + 1."""
+    chat, graphdef, config, params = (setup[k] for k in ("chat", "graphdef", "config", "params"))
+    keys = jax.random.split(jax.random.key(7), 6)
+    played, counts = {}, {}
+    for compact in (True, False):
+        text = dataclasses.replace(CONFIG, sample_batch=2, prefill_chunk=16, compact=compact)
+        loop = make_text_loop(chat, graphdef, config, text)
+        played[compact] = play_staggered(loop, params, keys)
+        counts[compact] = {k: loop.cached.counts[k] for k in ("group_turns", "moved_rows")}
+    assert [len(e.turns) for e in played[True]] == [1, 4, 1, 3, 1, 2]
+    for packed, kept in zip(played[True], played[False], strict=True):
+        assert packed.tokens == kept.tokens
+        for a, b in zip(packed.turns, kept.turns, strict=True):
+            np.testing.assert_allclose(a.logp, b.logp, atol=1e-6)
+    assert counts[False] == {"group_turns": 9, "moved_rows": 0}, counts
+    # Turn 2 packs episodes 1, 3, 5 into 2 groups; at turn 3 the group of 1 and 3 is kept
+    # as it is and the group of 5 (over) dropped.
+    assert counts[True] == {"group_turns": 7, "moved_rows": 3}, counts
+    with pytest.raises(ValueError, match="TextConfig.compact must be a bool"):
+        TextConfig(compact=1)
+
+
+MESH_SCRIPT = """
+import os
+flags = os.environ.get("XLA_FLAGS", "")  # the suite's (tests/conftest.py), and 2 devices:
+os.environ["XLA_FLAGS"] = flags + " --xla_force_host_platform_device_count=2"
+import dataclasses, json, sys
+sys.path[:0] = [{root!r}, {tests!r}]
+import jax, numpy as np
+from text_helpers import play_staggered, tiny_text_policy, tiny_tokenizer
+from rlagent.models import sharding
+from rlagent.text import TextConfig, make_chat, make_text_loop
+from rlagent.text.guess import GUESS_TOOL
+chat = make_chat(tiny_tokenizer(), tools=[GUESS_TOOL])
+policy_config, graphdef, params = tiny_text_policy(chat)
+keys = jax.random.split(jax.random.key(7), 6)
+out = {{}}
+for name, mesh, compact in (("mesh", sharding.fsdp_mesh(data=2), True), ("one", None, False)):
+    text = TextConfig(max_new_tokens=10, max_prompt_len=352, sample_batch=3, prefill_chunk=16,
+                      compact=compact)
+    loop = make_text_loop(chat, graphdef, policy_config, text, mesh=mesh)
+    given = params if mesh is None else sharding.shard_params(params, mesh)
+    episodes = play_staggered(loop, given, keys)
+    counts = {{k: loop.cached.counts[k] for k in ("group_turns", "moved_rows")}}
+    out[name] = dict(tokens=[e.tokens for e in episodes], counts=counts,
+                     logp=[sum((t.logp for t in e.turns), []) for e in episodes])
+print(json.dumps(out))
+"""
+
+
+def test_compaction_on_a_mesh_samples_as_one_device():
+    """Rows split over the data axis of 2 host devices, groups of 3 episodes rounded up
+    to 4 rows: the live episodes of two groups are packed into one, with the samples of
+    one device without compaction."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    script = MESH_SCRIPT.format(root=os.path.dirname(tests), tests=tests)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=600, cwd=os.path.dirname(tests))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["mesh"]["tokens"] == out["one"]["tokens"]
+    for a, b in zip(out["mesh"]["logp"], out["one"]["logp"], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert out["mesh"]["counts"] == {"group_turns": 5, "moved_rows": 3}, out
 
 
 def _scripted(chat, calls):

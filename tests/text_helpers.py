@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerFast
 
 from rlagent.models import Policy
 from rlagent.models import PolicyConfig
+from rlagent.text.guess import GuessNumber
 
 SPECIAL = ["<pad>", "<|im_start|>", "<|im_end|>"]
 # The special tokens of the official templates' families (tests/fixtures/templates).
@@ -92,6 +93,16 @@ def tiny_text_policy(chat):
     )  # fmt: skip
     graphdef, params = nnx.split(Policy(policy_config, rngs=nnx.Rngs(0)))
     return policy_config, graphdef, params
+
+
+def play_staggered(loop, params, keys):
+    """Six GuessNumber episodes of 1, 4, 1, 3, 1 and 2 turns (three-digit secrets: a
+    random policy practically never solves one), played to the end in one call."""
+    episodes = [
+        loop.start(GuessNumber(low=100, high=999, max_turns=turns, use_tools=True), seed)
+        for seed, turns in enumerate((1, 4, 1, 3, 1, 2))
+    ]
+    return loop.play(params, episodes, keys)
 
 
 def assert_loss_mask_on_assistant_tokens(traj, episodes):

@@ -313,6 +313,8 @@ class Attention(nnx.Module):
         write_index: jax.Array | int,
         *,
         read: jax.Array | None = None,
+        offset: jax.Array | int = 0,
+        window: TurnWindow | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """Attends a chunk of queries to the chunk (no cache) or to the whole cache.
 
@@ -328,6 +330,8 @@ class Attention(nnx.Module):
           write_index: first cache slot of the chunk (ignored without cache).
           read: optional [R] positions of the chunk that ask queries (keys and values
             still come from every position); None = all T.
+          offset: added to the slots to give the RoPE positions (causality stays by slot).
+          window: an optional `TurnWindow` mask on top of causality and `key_valid`.
         Returns:
           [B, T, D] output (or [B, R, D] at `read`) and the cache (k, v) with the chunk
           written in (without cache, the chunk's own keys and values).
@@ -337,15 +341,16 @@ class Attention(nnx.Module):
         v = self.v_proj(x).reshape(batch, length, self.num_kv_heads, self.head_dim)
         if self.k_norm is not None:
             k = self.k_norm(k)
-        k = rope(k, slots, self.rope_theta, self.rope_scaling)
+        k = rope(k, slots + offset, self.rope_theta, self.rope_scaling)
         k = k.transpose(0, 2, 3, 1)  # [B, H_kv, d, T]
         if read is not None:
             x, slots = x[:, read], slots[read]
+            window = None if window is None else window._replace(floor=window.floor[:, read])
             length = x.shape[1]
         q = self.q_proj(x).reshape(batch, length, self.num_heads, self.head_dim)
         if self.q_norm is not None:
             q = self.q_norm(q)
-        q = rope(q, slots, self.rope_theta, self.rope_scaling)
+        q = rope(q, slots + offset, self.rope_theta, self.rope_scaling)
         v = v.transpose(0, 2, 1, 3)  # [B, H_kv, T, d]
         new_keys = (k, v)
         if keys is not None:
@@ -359,9 +364,21 @@ class Attention(nnx.Module):
         groups = self.num_heads // self.num_kv_heads
         q = q.reshape(batch, length, self.num_kv_heads, groups, self.head_dim)
         q = q.transpose(0, 2, 3, 1, 4)  # [B, H_kv, G, T, d]
-        out = attend(q, k, v, slots, key_slots, key_valid, block=self.attention_block)
+        out = attend(
+            q, k, v, slots, key_slots, key_valid, block=self.attention_block, window=window
+        )
         out = out.transpose(0, 3, 1, 2, 4).reshape(batch, length, self.num_heads * self.head_dim)
         return self.o_proj(out), new_keys
+
+
+class TurnWindow(NamedTuple):
+    """A history window over turns: a query sees a key (besides causality and validity)
+    when the key's turn is < 0 (the header) or at least the query's floor. With the turn
+    a key belongs to and floor = (the turn a query is read in) - W, a query sees the header
+    and the last W turns, as a sampler that evicts older turns from its cache."""
+
+    floor: jax.Array  # [B, T] int32: the oldest turn each query sees.
+    turn: jax.Array  # [B, T_k] int32: each key's turn (< 0: the header, always seen).
 
 
 def attend(
@@ -373,6 +390,7 @@ def attend(
     key_valid: jax.Array,
     *,
     block: int | None = None,
+    window: TurnWindow | None = None,
 ) -> jax.Array:
     """softmax(q k / sqrt(d) masked) v, a query at slot i seeing the valid keys at slots <= i.
 
@@ -385,29 +403,38 @@ def attend(
       q: [B, H_kv, G, T, d] queries (G query heads share a key/value head).
       k: [B, H_kv, d, T_k] keys; v: [B, H_kv, T_k, d] values.
       slots: [T] the queries' slots; key_slots: [T_k]; key_valid: [B, T_k] bool.
+      window: optional `TurnWindow` (floor [B, T], turn [B, T_k]) restricting the keys.
     Returns:
       [B, H_kv, G, T, d] attention outputs in v's dtype.
     """
     length = q.shape[3]
     if block is None or length <= block:
-        return _dense_attention(q, k, v, slots, key_slots, key_valid)
+        return _dense_attention(q, k, v, slots, key_slots, key_valid, window=window)
     count = -(-length // block)
     pad = count * block - length  # padded queries (slot 0) are computed, then dropped.
     q = jnp.pad(q, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
     slot_blocks = jnp.pad(jnp.asarray(slots), (0, pad)).reshape(count, block)
     q_blocks = jnp.moveaxis(q.reshape(*q.shape[:3], count, block, q.shape[-1]), 3, 0)
+    floors = None
+    if window is not None:  # [n, B, b]: each block's queries' floors.
+        floors = jnp.pad(window.floor, ((0, 0), (0, pad))).reshape(-1, count, block)
+        floors = jnp.moveaxis(floors, 1, 0)
 
     @jax.checkpoint
     def one_block(_, inputs):
-        q_block, block_slots = inputs
-        return None, _dense_attention(q_block, k, v, block_slots, key_slots, key_valid)
+        q_block, block_slots, floor = inputs
+        turns = None if window is None else TurnWindow(floor, window.turn)
+        return None, _dense_attention(
+            q_block, k, v, block_slots, key_slots, key_valid, window=turns
+        )
 
-    _, out = jax.lax.scan(one_block, None, (q_blocks, slot_blocks))  # [n, B, H_kv, G, b, d]
+    inputs = (q_blocks, slot_blocks, floors)
+    _, out = jax.lax.scan(one_block, None, inputs)  # [n, B, H_kv, G, b, d]
     out = jnp.moveaxis(out, 0, 3).reshape(*out.shape[1:4], count * block, out.shape[-1])
     return out[:, :, :, :length]
 
 
-def _dense_attention(q, k, v, slots, key_slots, key_valid):
+def _dense_attention(q, k, v, slots, key_slots, key_valid, *, window=None):
     """`attend` in one block: the [B, H_kv, G T, T_k] float32 scores at once."""
     batch, kv_heads, groups, length, dim = q.shape
     q = q.reshape(batch, kv_heads, groups * length, dim)
@@ -415,6 +442,9 @@ def _dense_attention(q, k, v, slots, key_slots, key_valid):
     scores = scores.reshape(batch, kv_heads, groups, length, -1)
     scores = scores / jnp.sqrt(jnp.float32(dim))
     allowed = (key_slots[None, None, :] <= slots[None, :, None]) & key_valid[:, None, :]
+    if window is not None:  # [B, T, T_k]: the header, or turns at or past the floor.
+        turn = window.turn[:, None, :]
+        allowed = allowed & ((turn < 0) | (turn >= window.floor[:, :, None]))
     scores = jnp.where(allowed[:, None, None], scores, NEG_INF)
     weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     weights = weights.reshape(batch, kv_heads, groups * length, -1)
@@ -450,11 +480,13 @@ class DecoderLayer(nnx.Module):
         self.post_attention_layernorm = RMSNorm(config.d_model, config.norm_eps, pdt)
         self.mlp = MLP(config, rngs=rngs)
 
-    def __call__(self, x, slots, keys, key_slots, key_valid, write_index, *, read=None):
-        """[B, T, D] -> [B, T, D], or [B, R, D] at positions `read [R]` only."""
+    def __call__(self, x, slots, keys, key_slots, key_valid, write_index, *, read=None, **kw):
+        """[B, T, D] -> [B, T, D], or [B, R, D] at positions `read [R]` only; `kw`: the
+        attention's `offset` and `window`."""
         attn, keys = self.self_attn(
-            self.input_layernorm(x), slots, keys, key_slots, key_valid, write_index, read=read
-        )
+            self.input_layernorm(x), slots, keys, key_slots, key_valid, write_index, read=read,
+            **kw,
+        )  # fmt: skip
         h = (x if read is None else x[:, read]) + attn
         return h + self.mlp(self.post_attention_layernorm(h)), keys
 
@@ -521,6 +553,9 @@ class Llama(nnx.Module):
         cache: KVCache | None = None,
         write_index: jax.Array | int = 0,
         read: jax.Array | None = None,
+        *,
+        offset: jax.Array | int = 0,
+        window: TurnWindow | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """Runs the trunk on a chunk of input embeddings.
 
@@ -541,9 +576,11 @@ class Llama(nnx.Module):
             teacher-forced scoring (or a prefill that reads one position) pays the last
             block for the R positions it reads rather than all T. The cache still gets
             the keys and values of every position.
+          offset: int32 scalar, RoPE position - slot of the chunk (causality stays by
+            slot): after `sampler.evict` new tokens keep their transcript positions.
+          window: an optional `TurnWindow` mask, without a cache (`rlagent.text.score`).
         Returns:
-          hidden: [B, T, D] final-normed hidden states ([B, R, D] with `read`); the
-          updated cache (or None).
+          [B, T, D] final-normed hidden states ([B, R, D] with `read`), the cache or None.
         """
         chex.assert_rank(x, 3)
         chex.assert_rank(key_valid, 2)
@@ -564,17 +601,23 @@ class Llama(nnx.Module):
             all_valid = jax.lax.dynamic_update_slice(cache.valid, key_valid, (0, write_index))
         if read is not None:
             chex.assert_rank(read, 1)
+        if window is not None and cache is not None:
+            raise ValueError("Llama: a TurnWindow mask is for a chunk without a cache")
+        extra = dict(offset=offset, window=window)
         last = len(self.layers) - 1
         cache_k, cache_v = (None, None) if cache is None else (cache.k, cache.v)
         for i, layer in enumerate(self.layers):
             layer_keys = None if cache is None else (cache_k, cache_v, i)
             layer_read = read if i == last else None
             if self.config.remat and cache is None:
-                x, (k, v) = _remat_block(layer, x, slots, key_slots, all_valid, layer_read)
+                x, (k, v) = _remat_block(
+                    layer, x, slots, key_slots, all_valid, read=layer_read, extra=extra
+                )
             else:
                 x, (k, v) = layer(
-                    x, slots, layer_keys, key_slots, all_valid, write_index, read=layer_read
-                )
+                    x, slots, layer_keys, key_slots, all_valid, write_index, read=layer_read,
+                    **extra,
+                )  # fmt: skip
             if cache is not None:
                 cache_k, cache_v = k, v
         if read is not None and not self.layers:
@@ -592,15 +635,17 @@ def parameter_count(config: PolicyConfig, *, lm_head: bool = True) -> int:
     return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
 
 
-def _remat_block(layer, x, slots, key_slots, key_valid, read):
+def _remat_block(layer, x, slots, key_slots, key_valid, *, read, extra):
     """`layer` on a chunk without cache, its activations recomputed in the backward pass
     (`PolicyConfig.remat`); the slots and read positions stay as they are (NumPy arrays
-    keep their RoPE tables constant)."""
+    keep their RoPE tables constant); `extra`: the attention's offset and window."""
 
     # Traced slots go in as an argument; NumPy ones stay constants of the block.
     traced = () if isinstance(slots, np.ndarray) else (slots,)
 
-    def block(layer, x, key_slots, key_valid, *traced):
-        return layer(x, traced[0] if traced else slots, None, key_slots, key_valid, 0, read=read)
+    def block(layer, x, key_slots, key_valid, window, *traced):
+        slot = traced[0] if traced else slots
+        return layer(x, slot, None, key_slots, key_valid, 0, read=read, offset=extra["offset"],
+                     window=window)  # fmt: skip
 
-    return nnx.remat(block)(layer, x, key_slots, key_valid, *traced)
+    return nnx.remat(block)(layer, x, key_slots, key_valid, extra["window"], *traced)

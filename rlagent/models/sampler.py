@@ -273,6 +273,7 @@ def prefill(
     start: jax.Array,
     *,
     chunk: int,
+    offset: jax.Array | int = 0,
 ) -> tuple[jax.Array, KVCache]:
     """Appends `count` tokens to a cache holding `start` slots: the next-token logits.
 
@@ -288,6 +289,8 @@ def prefill(
       count: int32 scalar >= 0, the tokens to append (the same in every row; `vmap` a
         one-row call for rows of their own counts, as `rlagent.text.loop` does).
       start: int32 scalar, the first slot written.
+      offset: int32 scalar, the RoPE position of a slot minus the slot (the tokens this
+        cache evicted before them: `evict`); 0 when slots are positions.
     Returns:
       [B, V] float32 logits after the last appended token (undefined when count is 0)
       and the cache.
@@ -302,17 +305,37 @@ def prefill(
 
     def piece(carry):
         index, cache, _ = carry
-        offset = index * chunk
-        ids = jax.lax.dynamic_slice_in_dim(tokens, offset, chunk, axis=1)
-        valid = jnp.broadcast_to(offset + jnp.arange(chunk) < count, ids.shape)
-        read = jnp.clip(count - 1 - offset, 0, chunk - 1)[None]
-        hidden, cache = lm(lm.embed(ids), valid, cache, start + offset, read=read)
+        base = index * chunk
+        ids = jax.lax.dynamic_slice_in_dim(tokens, base, chunk, axis=1)
+        valid = jnp.broadcast_to(base + jnp.arange(chunk) < count, ids.shape)
+        read = jnp.clip(count - 1 - base, 0, chunk - 1)[None]
+        hidden, cache = lm(lm.embed(ids), valid, cache, start + base, read=read, offset=offset)
         return index + 1, cache, hidden[:, 0]
 
     last = jnp.zeros((batch, lm.config.d_model), jnp.dtype(lm.config.dtype))
     carry = (jnp.int32(0), cache, last)
     _, cache, last = jax.lax.while_loop(lambda c: c[0] * chunk < count, piece, carry)
     return lm.logits(last), cache
+
+
+@functools.partial(jax.jit, donate_argnames=("cache",))
+def evict(cache: KVCache, header: jax.Array, count: jax.Array) -> KVCache:
+    """Drops `count` slots of a cache from slot `header` on: the slots after them move down
+    by `count` (order kept), the last `count` become free (invalid). Keys are stored
+    rotated at their positions, so the kept entries still attend as at their positions;
+    later tokens are written after them with `offset` = the slots evicted so far
+    (`prefill`, `decode`). Slots keep the positions' order, so causality by slot holds.
+    `header`, `count`: int32 scalars (the same in every row; `vmap` per-row calls)."""
+    length = cache.valid.shape[-1]
+    slots = jnp.arange(length)
+    source = jnp.where(slots < header, slots, slots + count)
+    kept = source < length
+    source = jnp.minimum(source, length - 1)
+    return KVCache(
+        k=jnp.take(cache.k, source, axis=-1),
+        v=jnp.take(cache.v, source, axis=-2),
+        valid=jnp.take(cache.valid, source, axis=-1) & kept,
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", *_SETTINGS), donate_argnames=("cache",))
@@ -325,6 +348,7 @@ def decode(
     key: jax.Array,
     *,
     done: jax.Array | None = None,
+    offset: jax.Array | int = 0,
     max_new_tokens: int,
     temperature: float = 1.0,
     top_k: int = 0,
@@ -342,6 +366,7 @@ def decode(
       start: int32 scalar, the slot of the first sampled token.
       key: PRNG key; step s draws its Gumbel noise from `fold_in(key, s)`.
       done: optional [B] bool rows that sample nothing (their outputs are padding).
+      offset: int32 scalar, a slot's RoPE position minus the slot (`prefill`'s).
     Returns:
       Generation(tokens [B, N], logp [B, N], mask [B, N]) and the cache (the last sampled
       token of a row is not in it).
@@ -352,13 +377,13 @@ def decode(
     return _decode(
         lm, cache, logits, start, key, done, max_new_tokens=max_new_tokens,
         temperature=temperature, top_k=top_k, top_p=top_p, logits_mask=logits_mask,
-        end_id=end_id, pad_id=pad_id,
+        end_id=end_id, pad_id=pad_id, offset=offset,
     )  # fmt: skip
 
 
 def _decode(
     lm, cache, logits, start, key, done, *, max_new_tokens, temperature, top_k, top_p,
-    logits_mask, end_id, pad_id,
+    logits_mask, end_id, pad_id, offset=0,
 ) -> tuple[Generation, KVCache]:  # fmt: skip
     """`decode` on a merged LM: a `lax.while_loop` that ends when every row has sampled
     `end_id` (or after `max_new_tokens` steps); step s draws Gumbel noise [B, V] from
@@ -398,7 +423,8 @@ def _decode(
 
     def step(carry):
         index, token, live, done, cache, buffers = carry
-        hidden, cache = lm(lm.embed(token[:, None]), live[:, None], cache, start + index - 1)
+        slot = start + index - 1
+        hidden, cache = lm(lm.embed(token[:, None]), live[:, None], cache, slot, offset=offset)
         token, logp, live, done = emit(index, lm.logits(hidden[:, 0]), done)
         return index + 1, token, live, done, cache, write(buffers, index, (token, logp, live))
 

@@ -18,12 +18,27 @@ steps on the decoded text and its reply is appended as template tokens
   the turn reads: `sampler.prefill`), then decodes from there (`sampler.decode`). Memory:
   one cache of `TextConfig.cache_len` = P + max(L, prefill_chunk) slots per episode of
   the call (the longest transcript plus the overhang of a prefill piece), whatever the
-  turn. An episode's slots are its positions 0..n-1, so a prefilled token costs
-  attention over the cache, not a transcript prefilled again.
+  turn (fewer with a history window, below). An episode's slots are its positions
+  0..n-1 (without a window), so a prefilled token costs attention over the cache, not a
+  transcript prefilled again. Before each turn the live episodes are packed into as few
+  groups as hold them (`TextConfig.compact`, `TextLoop._compact`).
 * 'reprefill': the live transcripts are left-padded into one [B, P] batch and prefilled
   again every turn (`sampler.generate`). Left padding keeps RoPE exact: a query and a
   key interact through their slot difference only, so a transcript at slots [P - n, P)
   scores as it would at [0, n).
+
+History window (`TextConfig.history_window` = W > 0, 'cached' engine): turn t reads the
+header (the tokens before turn 0's ids) and the last W turns (a turn: its ids and the
+template tokens after them). Before a turn the caches evict the turns that left the
+window: the later slots move down over them (`sampler.evict`), keeping their order, and
+new tokens are written after them at slot + offset (offset: the tokens evicted), so
+positions go on as in the whole transcript and keys stay rotated at theirs. Moving the
+kept slots down (rather than a ring of slots) keeps every write one contiguous piece
+(`prefill`, `decode` unchanged) and causality by slot; its cost is one gather of the cache
+per turn. A cache then holds the header, W turns and the turn being written:
+`TextConfig.cache_len`. A cache made at the first turn of a `play` call is filled read
+turn by read turn (`TextLoop._plan`), each with its window, so its keys are the ones the
+episode's own sampling computed and a play split over calls samples as one call.
 
 Forks: an `Episode` holds its Python environment, so `fork(episode)` (a deep copy) is the
 state of the episode at its current turn, and turn t of an episode samples with
@@ -70,6 +85,7 @@ from rlagent.models.llama import init_cache
 from rlagent.models.sampler import Generation
 from rlagent.models.sampler import allowed_to_mask
 from rlagent.models.sampler import decode
+from rlagent.models.sampler import evict
 from rlagent.models.sampler import generate
 from rlagent.models.sampler import prefill
 from rlagent.models.sharding import DATA
@@ -130,14 +146,37 @@ class TextConfig:
     # samples for the same keys (tests/test_text.py).
     engine: str = "cached"
     prefill_chunk: int = 64  # 'cached': tokens per pass of the prefill loop.
+    # 'cached': before each turn the live episodes are packed into as few groups of
+    # sample_batch rows as hold them, their caches moved along (`TextLoop._compact`), so
+    # episodes that are over stop costing rows of every prefill and decode step. The
+    # same samples either way (tests/test_text.py).
+    compact: bool = True
+    # Turns of history the policy reads (0 = the whole transcript): with W > 0 a turn reads
+    # the opening messages (everything before the first assistant turn) and the last W
+    # turns (an assistant message and the reply after it), at their transcript positions.
+    # The 'cached' engine evicts the turns that leave the window from its caches
+    # (`cache_len` then follows W, not max_prompt_len) and the scorer masks them out
+    # (`rlagent.text.score`), so actions are scored with the context they were sampled in.
+    history_window: int = 0
 
     def __post_init__(self):
         if not isinstance(self.sample_batch, int) or self.sample_batch < 0:
             raise ValueError(
                 f"TextConfig.sample_batch must be an integer >= 0, got {self.sample_batch!r}"
             )
+        if not isinstance(self.compact, bool):
+            raise ValueError(f"TextConfig.compact must be a bool, got {self.compact!r}")
         if self.engine not in ENGINES:
             raise ValueError(f"TextConfig.engine must be one of {ENGINES}, got {self.engine!r}")
+        if not isinstance(self.history_window, int) or self.history_window < 0:
+            raise ValueError(
+                f"TextConfig.history_window must be an integer >= 0, got {self.history_window!r}"
+            )
+        if self.history_window and self.engine != "cached":
+            raise ValueError(
+                f"TextConfig.history_window={self.history_window} needs engine='cached' (the "
+                f"'{self.engine}' engine reads whole transcripts)"
+            )
         for name in ("max_new_tokens", "obs_len", "max_prompt_len", "prefill_chunk"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"TextConfig.{name} must be an integer >= 1, got "
@@ -159,8 +198,16 @@ class TextConfig:
     @property
     def cache_len(self) -> int:
         """Slots of one episode's KV cache in the 'cached' engine: P + max(L, chunk), the
-        longest transcript plus the overhang of the last prefill piece."""
-        return self.max_prompt_len + max(self.max_new_tokens, self.prefill_chunk)
+        longest transcript plus the overhang of the last prefill piece; with a history
+        window at most O + W (O + L) + L + chunk: the header, W turns of at most O + L
+        tokens, a turn's ids (decoded, or written when a cache is filled) and a prefill
+        piece's overhang."""
+        full = self.max_prompt_len + max(self.max_new_tokens, self.prefill_chunk)
+        if not self.history_window:
+            return full
+        turn = self.obs_len + self.max_new_tokens
+        window = self.history_window * turn + self.max_new_tokens + self.prefill_chunk
+        return min(full, self.obs_len + window)
 
 
 @dataclasses.dataclass(eq=False)
@@ -209,17 +256,28 @@ def fork(episode: Episode) -> Episode:
 class CachedSampler(NamedTuple):
     """The programs of the 'cached' engine (`make_text_loop`); a row is an episode."""
 
-    # jitted (params, caches, tokens [B, W], count [B], start [B]) -> (logits [B, V], caches):
-    # appends each row's `count` tokens at its slot `start` (`sampler.prefill`).
+    # jitted (params, caches, tokens [B, W], count [B], start [B], (offset, header, evict)
+    # [B] each) -> (logits [B, V], caches): with a history window, first evicts `evict`
+    # slots after each row's `header` (`sampler.evict`); then appends each row's `count`
+    # tokens at its slot `start`, at positions slot + offset (`sampler.prefill`).
     prefill: Any
-    # jitted (params, caches, logits [B, V], start [B], keys [B], active [B]) ->
+    # jitted (params, caches, logits [B, V], keys [B], (start, active, offset) [B] each) ->
     # (Generation, caches): samples a turn of each active row (`sampler.decode`).
     decode: Any
     init: Any  # rows -> the empty caches of that many episodes (`TextConfig.cache_len`).
-    width: int  # W: max_prompt_len rounded up to a multiple of prefill_chunk.
+    # W: the tokens one prefill call can append (max_prompt_len; O + L with a history
+    # window, a turn's at most) rounded up to a multiple of prefill_chunk.
+    width: int
     # The rows split over the data axis of a mesh (None: one device); a group's rows are
     # a multiple of that axis's size.
     sharding: jax.sharding.NamedSharding | None = None
+    # jitted (dest caches, src caches, index [R], take [R]) -> caches: row r of dest
+    # replaced by row index[r] of src where take[r], dest donated (`TextLoop._compact`).
+    move: Any = None
+    # What the engine dispatched since it was made: 'group_turns' (a group's prefill and
+    # decode of one turn), 'moved_rows' (episodes whose caches compaction moved) and
+    # 'context_slots' (the most cache slots one episode's context held before a decode).
+    counts: dict | None = None
 
     def place(self, *arrays):
         """The row-major arrays of a call, on the devices of their rows."""
@@ -228,6 +286,15 @@ class CachedSampler(NamedTuple):
     @property
     def row_multiple(self) -> int:
         return 1 if self.sharding is None else self.sharding.mesh.shape[DATA]
+
+
+class _Book(NamedTuple):
+    """What each episode's cache holds in a `play` call of the 'cached' engine, indexed by
+    episode (so it follows compaction): [B] int64 arrays, updated in place."""
+
+    held: np.ndarray  # transcript tokens written to the cache (positions 0 .. held - 1).
+    dropped: np.ndarray  # of them, evicted past the header (history window).
+    rounds: np.ndarray  # read turns written (history window: `TextLoop._plan`).
 
 
 class TextLoop(NamedTuple):
@@ -288,27 +355,32 @@ class TextLoop(NamedTuple):
         return list(episodes)
 
     def _play_cached(self, params, episodes, keys, num_turns) -> list[Episode]:
-        """`play` with the 'cached' engine: the episodes in groups of `sample_batch` rows,
-        each group with its caches for the whole call (one cache of
-        `TextConfig.cache_len` slots per episode: the longest transcript plus the
-        overhang of a prefill piece, so memory is bounded by rows x cache_len, whatever
-        the turn). A turn appends to each live episode's cache the transcript tokens it
-        does not hold yet (the first turn of a call: the whole transcript; later: the
-        previous turn's last sampled id, then the template tokens the turn reads), then
-        decodes until every row of the group has ended its turn. A group whose episodes
-        are all over is skipped; an episode over in a live group samples nothing. The
-        groups of a turn are all dispatched before the first is fetched, so the host
-        steps a group's environments while the device samples the next groups."""
+        """`play` with the 'cached' engine: the episodes in groups of `sample_batch` rows
+        (rounded up to the mesh's row multiple: one compiled program), each group with
+        its caches (one cache of `TextConfig.cache_len` slots per row: the longest
+        transcript plus the overhang of a prefill piece, so memory is bounded by rows x
+        cache_len, whatever the turn). A turn appends to each live episode's cache the
+        transcript tokens it does not hold yet (the first turn of a call: the whole
+        transcript; later: the previous turn's last sampled id, then the template tokens
+        the turn reads), then decodes until every row of the group has ended its turn.
+        With `TextConfig.compact` the live episodes are packed into as few groups as hold
+        them before each turn (`_compact`); without, a group whose episodes are all over
+        is skipped and an episode over in a live group samples nothing. The groups of a
+        turn are all dispatched before the first is fetched, so the host steps a group's
+        environments while the device samples the next groups."""
         size, multiple = len(episodes), self.cached.row_multiple
         if all(e.over for e in episodes) or num_turns == 0:
             return list(episodes)
         rows = min(self.config.sample_batch or size, size)
-        groups = [np.arange(s, min(s + rows, size)) for s in range(0, size, rows)]
+        order = [r for r in range(size) if not (self.config.compact and episodes[r].over)]
+        groups = [np.asarray(order[s : s + rows]) for s in range(0, len(order), rows)]
         rows = -(-rows // multiple) * multiple
         caches = [self.cached.init(rows) for _ in groups]
-        held = np.zeros(size, np.int64)  # the transcript tokens each episode's cache holds.
+        book = _Book(*np.zeros((3, size), np.int64))
         played = 0
         while any(not e.over for e in episodes) and (num_turns is None or played < num_turns):
+            if self.config.compact:
+                groups = self._compact(episodes, groups, caches, rows)
             turn_index = jnp.asarray([len(e.turns) for e in episodes], jnp.int32)
             turn_keys = jax.vmap(jax.random.fold_in)(keys, turn_index)
             sampled = []  # every group dispatched first: the device samples the later
@@ -316,10 +388,11 @@ class TextLoop(NamedTuple):
                 if all(episodes[r].over for r in group):
                     continue
                 padded = np.r_[group, np.full(rows - len(group), group[0])]
+                members = [(r, episodes[r]) for r in group]
                 out, caches[g] = self._cached_turn(
-                    params, caches[g], [episodes[r] for r in group], held[group],
-                    turn_keys[padded],
-                )  # fmt: skip
+                    params, caches[g], members, book, turn_keys[padded]
+                )
+                self.cached.counts["group_turns"] += 1
                 sampled.append((group, out))
             for group, out in sampled:
                 out = jax.tree.map(np.asarray, out)
@@ -329,27 +402,120 @@ class TextLoop(NamedTuple):
                         continue
                     length = int(out.mask[i].sum())
                     # The last sampled id is not in the cache (the next turn appends it).
-                    held[r] = len(episode.tokens) + length - 1
+                    book.held[r] = len(episode.tokens) + length - 1
                     self._advance(episode, out.tokens[i, :length].tolist(),
                                   out.logp[i, :length].tolist())  # fmt: skip
             played += 1
         return list(episodes)
 
-    def _cached_turn(self, params, caches, members, held, keys):
+    def _compact(self, episodes, groups, caches, rows) -> list[np.ndarray]:
+        """Packs the live episodes into as few groups of `rows` rows as hold them, in
+        their order; `caches` (one per group, replaced in place) follow their rows.
+
+        The groups that hold no live episode are dropped. When the live episodes fit in
+        fewer groups than remain, new group k is built in a fresh cache from the rows of
+        the old groups it takes (`CachedSampler.move`, one call per old group), and every
+        old group whose live rows have all moved is dropped then. The episodes keep their
+        order, so new group k takes from old groups >= k, and k full new groups empty at
+        least k old ones: memory stays within the caches of the groups in play plus one
+        group's (rows x cache_len slots) during the move. Keys and the caches' bookkeeping
+        are indexed by episode (`_Book`), so they follow: the samples are those of the
+        engine without compaction.
+        Returns the new groups (episode indices per row)."""
+        keep = [g for g, group in enumerate(groups) if any(not episodes[r].over for r in group)]
+        live = [(g, i) for g in keep for i, r in enumerate(groups[g]) if not episodes[r].over]
+        if -(-len(live) // rows) >= len(keep):
+            caches[:] = [caches[g] for g in keep]
+            return [groups[g] for g in keep]
+        for g in set(range(len(groups))) - set(keep):
+            caches[g] = None
+        packed, moved = [], []
+        for start in range(0, len(live), rows):
+            part = live[start : start + rows]
+            cache = self.cached.init(rows)
+            for g in sorted({g for g, _ in part}):
+                take = np.asarray([h == g for h, _ in part] + [False] * (rows - len(part)))
+                index = np.zeros(rows, np.int32)
+                index[: len(part)] = [i for _, i in part]
+                cache = self.cached.move(cache, caches[g], index, take)
+            for g in range(part[-1][0]):  # their live rows have all moved.
+                caches[g] = None
+            packed.append(np.asarray([groups[g][i] for g, i in part]))
+            moved.append(cache)
+        self.cached.counts["moved_rows"] += len(live)
+        caches[:] = moved
+        return packed
+
+    def _cached_turn(self, params, caches, members, book, keys):
         """One turn of a group, dispatched: `(Generation, caches)` on the device; rows
-        past `members` (padding) and episodes over sample nothing."""
-        rows = len(keys)
+        past `members` (`(episode index, episode)` pairs; padding) and episodes over
+        sample nothing. With a history window, a cache that does not hold its episode's
+        past turns yet (at the first turn of a `play` call) is first filled read turn by
+        read turn, each with its window (`_plan`), so every token's keys are those the
+        episode's own sampling computed."""
+        while True:
+            plans = [self._plan(episode, index, book, final=False) for index, episode in members]
+            if not any(plans):
+                break
+            _, caches, *_ = self._write(params, caches, members, plans, book, len(keys))
+        plans = [self._plan(episode, index, book, final=True) for index, episode in members]
+        logits, caches, *rest = self._write(params, caches, members, plans, book, len(keys))
+        start, offset, active = rest
+        return self.cached.decode(params, caches, logits, keys, (start, active, offset))
+
+    def _plan(self, episode, index, book, *, final):
+        """`(begin, end, drop)`: the transcript tokens [begin, end) the episode's next
+        round writes to its cache, after the first `drop` tokens past the header have been
+        evicted; None when it writes nothing in this round (over; `final`: the round that
+        decodes the turn; else a round that catches up with a past turn).
+
+        Read turn r of a windowed episode (the tokens whose keys are computed at turn r):
+        the previous turn's last sampled id, the template tokens read before turn r, and
+        (when filling a cache, not sampling) turn r's ids but its last. Before it, the
+        turns < r - W are evicted: the policy at turn r reads the header and turns
+        r - W .. r - 1 (`TurnWindow` in the scorer, the same rule)."""
+        turns, window = len(episode.turns), self.config.history_window
+        if episode.over:
+            return None
+        if not window:
+            return (int(book.held[index]), len(episode.tokens), 0) if final else None
+        read = int(book.rounds[index])
+        if (read < turns) == final:
+            return None
+        lengths = [len(t.action) for t in episode.turns]
+        # Where each turn's ids start in the transcript (turn 0's: the header's length).
+        starts = np.cumsum([len(t.obs) for t in episode.turns]) + np.r_[0, np.cumsum(lengths)[:-1]]
+
+        def read_start(r):  # the first token of read turn r.
+            return 0 if r == 0 else int(starts[r - 1]) + lengths[r - 1] - 1
+
+        end = len(episode.tokens) if read == turns else read_start(read + 1)
+        drop = int(starts[read - window] - starts[0]) if read > window else 0
+        return read_start(read), end, drop
+
+    def _write(self, params, caches, members, plans, book, rows):
+        """Dispatches one round of `plans` (`_plan`'s, one per member) on a group's caches:
+        `(logits, caches, start, offset, active)`, the last three per row for `decode`."""
         tokens = np.full((rows, self.cached.width), self.chat.pad_id, np.int32)
-        count, start = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
-        for i, episode in enumerate(members):
-            if not episode.over:
-                new = episode.tokens[held[i] :]
-                tokens[i, : len(new)], count[i], start[i] = new, len(new), held[i]
-        tokens, count, start, active, keys = self.cached.place(
-            tokens, count, start, count > 0, keys
+        count, start, offset, header, evict = np.zeros((5, rows), np.int32)
+        for i, ((index, episode), plan) in enumerate(zip(members, plans, strict=True)):
+            if plan is None:
+                continue
+            begin, end, drop = plan
+            tokens[i, : end - begin] = episode.tokens[begin:end]
+            count[i], start[i], offset[i] = end - begin, begin - drop, drop
+            header[i] = len(episode.turns[0].obs) if episode.turns else len(episode.tokens)
+            evict[i], book.dropped[index] = drop - book.dropped[index], drop
+            book.rounds[index] += 1
+            counts = self.cached.counts
+            counts["context_slots"] = max(counts["context_slots"], end - drop)
+        tokens, count, start, offset, header, evict = self.cached.place(
+            tokens, count, start, offset, header, evict
         )
-        logits, caches = self.cached.prefill(params, caches, tokens, count, start)
-        return self.cached.decode(params, caches, logits, start + count, keys, active)
+        logits, caches = self.cached.prefill(
+            params, caches, tokens, count, start, (offset, header, evict)
+        )
+        return logits, caches, start + count, offset, count > 0
 
     def _sample(self, params, prompts, valid, keys) -> Generation:
         """`sample` over the rows in calls of at most `config.sample_batch` rows (when the
@@ -448,18 +614,28 @@ def _cached_sampler(graphdef, policy_config, config, sampling) -> CachedSampler:
     `(logits_mask, generation settings, mesh or None)`."""
     logits_mask, settings, mesh = sampling
     chunk = config.prefill_chunk
+    # The most tokens one prefill call appends: a whole transcript, or with a history
+    # window one read turn (`TextLoop._plan`).
+    turn = config.obs_len + config.max_new_tokens
+    longest = min(config.max_prompt_len, turn) if config.history_window else config.max_prompt_len
     rows = (
         None if mesh is None else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(DATA))
     )
 
-    def prefill_row(params, cache, tokens, count, start):
-        logits, cache = prefill(graphdef, params, cache, tokens[None], count, start, chunk=chunk)
+    def prefill_row(params, cache, tokens, count, start, moves):
+        offset, header, drop = moves
+        if config.history_window:
+            cache = evict(cache, header, drop)
+        logits, cache = prefill(
+            graphdef, params, cache, tokens[None], count, start, chunk=chunk, offset=offset
+        )
         return logits[0], cache
 
-    def decode_row(params, cache, logits, start, key, active):
+    def decode_row(params, cache, logits, key, row):
+        start, active, offset = row
         out, cache = decode(
             graphdef, params, cache, logits[None], start, key, done=~active[None],
-            logits_mask=logits_mask, **settings,
+            offset=offset, logits_mask=logits_mask, **settings,
         )  # fmt: skip
         return jax.tree.map(lambda x: x[0], out), cache
 
@@ -468,12 +644,21 @@ def _cached_sampler(graphdef, policy_config, config, sampling) -> CachedSampler:
         one = init_cache(policy_config, 1, config.cache_len)
         return jax.tree.map(lambda x: jnp.broadcast_to(x, (count, *x.shape)), one)
 
+    @functools.partial(jax.jit, donate_argnums=0, out_shardings=rows)
+    def move(dest, src, index, take):
+        def one(to, from_):
+            return jnp.where(take.reshape(-1, *[1] * (to.ndim - 1)), from_[index], to)
+
+        return jax.tree.map(one, dest, src)
+
     return CachedSampler(
-        prefill=jax.jit(jax.vmap(prefill_row, in_axes=(None, 0, 0, 0, 0)), donate_argnums=1),
-        decode=jax.jit(jax.vmap(decode_row, in_axes=(None, 0, 0, 0, 0, 0)), donate_argnums=1),
+        prefill=jax.jit(jax.vmap(prefill_row, in_axes=(None, *[0] * 5)), donate_argnums=1),
+        decode=jax.jit(jax.vmap(decode_row, in_axes=(None, *[0] * 4)), donate_argnums=1),
         init=init,
-        width=-(-config.max_prompt_len // chunk) * chunk,
+        width=-(-longest // chunk) * chunk,
         sharding=rows,
+        move=move,
+        counts={"group_turns": 0, "moved_rows": 0, "context_slots": 0},
     )
 
 

@@ -15,8 +15,18 @@ slots are PAD (every turn's O slots are sized for the longest template read), an
 cost grows with the width. A row whose transcript would not fit scores NaN, never a
 truncated number (`to_trajectory` refuses such episodes first).
 
+With a history window (`TextConfig.history_window` = W > 0) the policy read each turn's
+tokens with only the header (the tokens before the first turn's ids) and the last W turns
+in its cache, the turns before evicted (`rlagent.text.loop`); the scorer reads the same
+context through a `TurnWindow` mask over the packed transcript, at the same positions.
+A token's turn: turn s's ids and the template tokens after them (read before turn s + 1)
+are turn s, the header -1. A token's read turn (when its keys were computed): the template
+tokens read before turn s and turn s's ids are read at turn s, except the last id, which
+the sampler feeds at turn s + 1. A query read at turn r sees the header and turns >= r - W.
+
 `make_text_values` runs a critic (`rlagent.models.policy.ValueLM`) over the same packed
-transcripts and scatters its values back the same way: text-mode PPO's V.
+transcripts and scatters its values back the same way: text-mode PPO's V (the whole
+transcript: the critic is no policy, it may read more than the policy did).
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rlagent.models.llama import PolicyConfig
+from rlagent.models.llama import TurnWindow
 from rlagent.models.sampler import allowed_to_mask
 from rlagent.models.sampler import as_llama
 from rlagent.models.sampler import token_log_probs
@@ -48,7 +59,10 @@ def make_text_score(
     @jax.jit
     def score(params: nnx.State, trajectory: Trajectory) -> jax.Array:
         lm = as_llama(nnx.merge(graphdef, params))
-        packed, hidden = _packed_hidden(lm, trajectory, chat.pad_id, config.transcript_len)
+        window = config.history_window
+        packed, hidden = _packed_hidden(
+            lm, trajectory, chat.pad_id, config.transcript_len, window=window
+        )
         reading, targets, generated = packed.predictors(trajectory)
         hidden = jnp.take_along_axis(hidden, reading[..., None], axis=1)  # [B, N, D]
         token_logp = token_log_probs(
@@ -117,14 +131,38 @@ class Packed(NamedTuple):
         return per_turn[..., per_turn.shape[-1] - turn_len :]
 
 
-def _packed_hidden(lm, trajectory: Trajectory, pad_id: int, width: int):
+def _packed_hidden(lm, trajectory: Trajectory, pad_id: int, width: int, *, window: int = 0):
     """`(Packed, [B, W, D] hidden states)`: the trajectory's transcripts packed into
-    `width` positions and the trunk's hidden states there."""
+    `width` positions and the trunk's hidden states there (with a history `window` > 0,
+    each position attending what the sampler's cache held: `turn_window`)."""
     view = token_view(trajectory)
     order, tokens, valid = pack_transcripts(view, pad_id, width)
-    hidden, _ = lm(lm.embed(tokens), valid)
+    turns = turn_window(trajectory, order, window) if window else None
+    hidden, _ = lm(lm.embed(tokens), valid, window=turns)
     fits = jnp.sum((view.tokens != pad_id) | view.loss_mask, axis=1) <= tokens.shape[1]
     return Packed(order, tokens, view.loss_mask, fits), hidden
+
+
+def turn_window(trajectory: Trajectory, order: jax.Array, window: int) -> TurnWindow:
+    """The `TurnWindow` of packed positions (`order`, `pack_transcripts`') for a history of
+    `window` turns: each token's turn and its read turn - window (the module docstring)."""
+    batch, turns, obs_len = trajectory.obs_tokens.shape
+    act_len = trajectory.action_tokens.shape[-1]
+    turn = jnp.arange(turns, dtype=jnp.int32)[None, :, None]
+    last = jnp.sum(trajectory.action_mask, axis=-1, keepdims=True) - 1  # [B, S, 1]
+    fed_later = jnp.arange(act_len) == last  # the id the sampler feeds at the next turn.
+    obs_shape, act_shape = (batch, turns, obs_len), (batch, turns, act_len)
+    own = jnp.concatenate(
+        [jnp.broadcast_to(turn - 1, obs_shape), jnp.broadcast_to(turn, act_shape)], axis=-1
+    )
+    read = jnp.concatenate(
+        [jnp.broadcast_to(turn, obs_shape), turn + fed_later.astype(jnp.int32)], axis=-1
+    )
+
+    def packed(x):
+        return jnp.take_along_axis(x.reshape(batch, -1), order, axis=1)
+
+    return TurnWindow(floor=packed(read) - window, turn=packed(own))
 
 
 def pack_transcripts(
