@@ -13,10 +13,13 @@ arguments (`jax.ShapeDtypeStruct`, parameters from `nnx.eval_shape`):
 * `update`: one GRPO update of `rlagent.text.update` (one epoch, one minibatch, k3 KL to
   the reference in the loss, AdamW), `--micro_batch_size` episodes per forward / backward
   pass (gradient accumulation), the state donated;
-* `rollout`: one turn of the text loop (`rlagent.text.loop.make_text_loop`'s sampler:
-  prefill of a `max_prompt_len` prompt and `max_new_tokens` cached decoding steps) for
-  each of `--rollout_episodes` episodes at once (the loop calls it with at most
-  `TextConfig.sample_batch` episodes, 16 by default).
+* `rollout`: one turn of the text loop (`rlagent.text.loop.make_text_loop`) for each of
+  `--rollout_episodes` episodes at once (the loop calls it with at most
+  `TextConfig.sample_batch` episodes, 16 by default), with `--engine`'s programs: 'cached'
+  (the default engine) compiles its prefill (a turn's new tokens, up to `max_prompt_len`,
+  appended to each episode's KV cache of `TextConfig.cache_len` slots) and its decode
+  (`max_new_tokens` steps), the caches donated, and reports the larger peak;
+  'reprefill' compiles the one program that prefills a `max_prompt_len` prompt and decodes.
 
 BFCL shapes: `--episodes` episodes of `--turns` turns, the first reading `--first_obs_len`
 template tokens (system prompt and tool schemas), later ones `--later_obs_len` (a tool's
@@ -51,6 +54,7 @@ from rlagent.models.llama import Llama
 from rlagent.models.llama import PolicyConfig
 from rlagent.models.llama import parameter_count
 from rlagent.text.chat import ChatFormat
+from rlagent.text.loop import ENGINES
 from rlagent.text.loop import TextConfig
 from rlagent.text.loop import make_text_loop
 from rlagent.text.score import make_text_score
@@ -82,6 +86,7 @@ _PARAM_DTYPE = flags.DEFINE_enum(
     "Parameters' and AdamW moments' dtype (the trainer's default: float32 master weights; "
     "the compute is bfloat16 either way).",
 )
+_ENGINE = flags.DEFINE_enum("engine", "cached", list(ENGINES), "TextConfig.engine's rollout.")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the results here.")
 
 
@@ -90,7 +95,7 @@ def main(argv):
     settings = {name: flags.FLAGS[name].value for name in (
         "models", "layers", "episodes", "rollout_episodes", "turns", "turn_len", "first_obs_len",
         "later_obs_len", "transcript_len", "micro_batch_size", "attention_block",
-        "vocab_block", "remat", "param_dtype")}  # fmt: skip
+        "vocab_block", "remat", "param_dtype", "engine")}  # fmt: skip
     record = provenance.collect(settings)
     results = {"backend": jax.default_backend(), "device": str(jax.devices()[0]), "models": {}}
     for name in _MODELS.value:
@@ -138,7 +143,7 @@ def compile_memory(config: PolicyConfig, program: str, episodes: int) -> dict:
     chat = ChatFormat(None, end_id=END_ID, pad_id=PAD_ID, vocab_size=TOKENIZER_SIZE)
     text = TextConfig(
         max_new_tokens=_TURN_LEN.value, obs_len=_FIRST_OBS.value,
-        max_prompt_len=_TRANSCRIPT.value - _TURN_LEN.value,
+        max_prompt_len=_TRANSCRIPT.value - _TURN_LEN.value, engine=_ENGINE.value,
     )  # fmt: skip
     if program == "update":
         score = make_text_score(chat, graphdef, config, text)
@@ -154,12 +159,37 @@ def compile_memory(config: PolicyConfig, program: str, episodes: int) -> dict:
         lowered = update.update.lower(state, trajectory, ref_logp)
     else:
         loop = make_text_loop(chat, graphdef, config, text)
-        batch, prompt = episodes, text.max_prompt_len
-        lowered = loop.sample.lower(
-            params, jax.ShapeDtypeStruct((batch, prompt), jnp.int32),
-            jax.ShapeDtypeStruct((batch, prompt), bool),
-            jax.eval_shape(lambda: jax.random.split(jax.random.key(0), batch)),
-        )  # fmt: skip
+        programs = {
+            name: _sizes(lowered) for name, lowered in _rollout_lowered(loop, params, episodes)
+        }
+        sizes = dict(max(programs.values(), key=lambda p: p["peak_bytes"]))
+        sizes["programs"], sizes["compile_s"] = programs, time.perf_counter() - began
+        return sizes
+    sizes = _sizes(lowered)
+    sizes["compile_s"] = time.perf_counter() - began
+    return sizes
+
+
+def _rollout_lowered(loop, params, batch: int):
+    """(name, lowered program) of one sampled turn of `batch` episodes: the re-prefill
+    engine's 'sample', or the cached engine's 'prefill' and 'decode' (caches donated)."""
+    spec = jax.ShapeDtypeStruct
+    keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), batch))
+    if loop.cached is None:
+        prompt = spec((batch, loop.config.max_prompt_len), jnp.int32)
+        yield "sample", loop.sample.lower(params, prompt, spec(prompt.shape, bool), keys)
+        return
+    cached, rows = loop.cached, spec((batch,), jnp.int32)
+    caches = jax.eval_shape(cached.init, batch)
+    tokens, moves = spec((batch, cached.width), jnp.int32), (rows, rows, rows)
+    yield "prefill", cached.prefill.lower(params, caches, tokens, rows, rows, moves)
+    logits, _ = jax.eval_shape(cached.prefill, params, caches, tokens, rows, rows, moves)
+    active = spec((batch,), bool)
+    yield "decode", cached.decode.lower(params, caches, logits, keys, (rows, active, rows))
+
+
+def _sizes(lowered) -> dict:
+    """memory_analysis() of the compiled program, and its peak."""
     stats = lowered.compile().memory_analysis()
     sizes = {
         "argument_bytes": int(stats.argument_size_in_bytes),
@@ -171,7 +201,6 @@ def compile_memory(config: PolicyConfig, program: str, episodes: int) -> dict:
         sizes["argument_bytes"] + sizes["output_bytes"] - sizes["alias_bytes"]
         + sizes["temp_bytes"]
     )  # fmt: skip
-    sizes["compile_s"] = time.perf_counter() - began
     return sizes
 
 

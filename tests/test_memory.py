@@ -275,7 +275,7 @@ def test_parameter_count_is_the_checkpoints():
 
 def test_bench_memory_compiles_and_writes_its_table(tmp_path):
     """experiments.bench_memory at smoke shapes (one layer, 8 episodes of 2 turns of 16
-    tokens): both programs compile and report peak = arguments + outputs - aliased + temp."""
+    tokens): the programs compile and report peak = arguments + outputs - aliased + temp."""
     import json
     import os
     import subprocess
@@ -297,6 +297,12 @@ def test_bench_memory_compiles_and_writes_its_table(tmp_path):
         assert program["peak_bytes"] == parts + program["temp_bytes"] > 0
     # The update donates its state: the parameters and AdamW's moments are aliased.
     assert result["update"]["alias_bytes"] > 3 * 2 * result["parameters"] * 0.9
+    # The default (cached) engine: its prefill and decode, each donating the KV caches;
+    # the rollout's peak is the larger of the two.
+    programs = result["rollout"]["8"]["programs"]
+    assert set(programs) == {"prefill", "decode"}
+    assert all(program["alias_bytes"] > 0 for program in programs.values())
+    assert result["rollout"]["8"]["peak_bytes"] == max(p["peak_bytes"] for p in programs.values())
 
 
 def test_blockwise_attention_keeps_parity_with_transformers():
