@@ -19,6 +19,11 @@ past assistant turns) is refused with `ChatTemplateError`, naming the messages; 
 checks that before anything runs, on probe conversations (`probe_cases`: a reply, reasoning,
 a tool call and its result, each followed by a new user turn).
 
+A rendering (`Rendering`) keeps its text: one whose text extends an earlier one's keeps that
+one's ids up to its last cut token (an added token the tokenizer matches before anything
+else, `tail_cut_ids`) and tokenizes the rest only, so a turn tokenizes its new text, not the
+transcript; the ids are those of the whole text (`ChatFormat.check_tails` compares them).
+
 Templates: the tokenizer's own, except Qwen3's official hybrid-thinking template, which is
 not prefix-stable (it adds an empty think block to an assistant turn only while it is the
 last message and drops the reasoning of turns before the last user query); it is replaced
