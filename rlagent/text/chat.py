@@ -418,7 +418,7 @@ def tail_cut_ids(tokenizer: Any) -> frozenset[int]:
     of the whitespace around it, not single-word, and inside no other added token (so no
     longer match can start at or before it). For a rendering that extends an earlier
     one's text, the last such token matched in the earlier text is where its tail starts
-    (`ChatFormat.rendering`). None for a slow tokenizer or one that splits its special
+    (`ChatFormat.rendering`). None qualifies for a slow tokenizer or one that splits its special
     tokens: every rendering is then tokenized whole.
     """
     if not getattr(tokenizer, "is_fast", False) or getattr(
