@@ -449,12 +449,12 @@ def test_spans_follow_the_messages_or_the_groups_the_template_renders(setup):
     ]  # fmt: skip
     for template, roles in ((CHATML, ["tool", "tool"]), (GROUPS_TOOLS, ["tool"])):
         chat = make_chat(tiny_tokenizer(template), tools=[GUESS_TOOL])
-        base = chat.render(conversation[:2], generation_prompt=False)
+        base = chat.rendering(conversation[:2], generation_prompt=False)
         tokens, spans, rendered = chat.extend(conversation, 2, base, [])
         assert [s.role for s in spans] == roles
         assert spans[0].start == 0 and spans[-1].stop == len(tokens)
-        assert base + tokens == chat.render(conversation, generation_prompt=True)
-        assert rendered == chat.render(conversation, generation_prompt=False)
+        assert base.ids + tokens == chat.render(conversation, generation_prompt=True)
+        assert rendered.ids == chat.render(conversation, generation_prompt=False)
     assert chat.decode(tokens).startswith(
         "<|im_start|>user<tool_response>a</tool_response><tool_response>b</tool_response>"
     )
@@ -500,7 +500,7 @@ def test_chat_refusals_name_the_fault(setup):
         ]  # fmt: skip
         rewrites = dataclasses.replace(setup["chat"], template=REWRITES_PAST)
         rewrites.extend(
-            conversation, 2, rewrites.render(conversation[:2], generation_prompt=False), []
+            conversation, 2, rewrites.rendering(conversation[:2], generation_prompt=False), []
         )
 
 

@@ -12,9 +12,9 @@ import pytest
 from text_helpers import CHATML
 from text_helpers import family_tokenizer
 from text_helpers import official_template
+from text_helpers import scripted_sampler
 from text_helpers import tiny_tokenizer
 
-from rlagent.models.sampler import Generation
 from rlagent.text import ChatTemplateError
 from rlagent.text import TextConfig
 from rlagent.text import TextLoop
@@ -114,26 +114,12 @@ def test_the_shipped_qwen3_template_renders_as_the_official_one_but_for_past_tur
     assert _text(stable, [*plain, USER]).startswith(_text(stable, plain))
 
 
-def _scripted(chat, texts):
-    """A sampler that writes `texts[i]` (then END) in every row at its i-th call."""
-    texts = iter(texts)
-
-    def sample(params, prompts, valid, keys):
-        ids = chat.tokenizer.encode(next(texts), add_special_tokens=False) + [chat.end_id]
-        tokens = np.full((len(keys), CONFIG.max_new_tokens), chat.pad_id, np.int32)
-        mask = np.zeros(tokens.shape, bool)
-        tokens[:, : len(ids)], mask[:, : len(ids)] = ids, True
-        return Generation(tokens, np.where(mask, -0.5, 0.0).astype(np.float32), mask)
-
-    return sample
-
-
 @pytest.mark.parametrize("name", FAMILIES)
 def test_each_family_plays_tool_calls_in_its_own_format(tokenizers, name):
     chat = make_chat(tokenizers[name], tools=[GUESS_TOOL])
     assert chat.native_tool_calls
     texts = [CALLS[name], "I guess 7.", CALLS[name]]
-    loop = TextLoop(chat, CONFIG, _scripted(chat, texts))
+    loop = TextLoop(chat, CONFIG, scripted_sampler(chat, texts, CONFIG.max_new_tokens))
     keys = jax.random.split(jax.random.key(0), 1)
     (episode,) = loop.play(None, [loop.start(GuessNumber(low=5, high=5, use_tools=True), 1)], keys)
     assert len(episode.turns) == 3 and not episode.truncated
@@ -168,6 +154,6 @@ def test_llama_calls_parse_and_a_template_that_refuses_the_structured_calls_gets
     two = f"<tool_call>{json.dumps({'name': 'guess', 'arguments': {'number': 1}})}</tool_call>"
     message, rendered = chat.assistant_turn([SYSTEM, USER], two + two)
     assert message == {"role": "assistant", "content": two + two}  # one call per message.
-    assert rendered == chat.render([SYSTEM, USER, message], generation_prompt=False)
+    assert rendered.ids == chat.render([SYSTEM, USER, message], generation_prompt=False)
     one, _ = chat.assistant_turn([SYSTEM, USER], two)
     assert one["tool_calls"][0]["function"]["name"] == "guess"

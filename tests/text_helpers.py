@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerFast
 
 from rlagent.models import Policy
 from rlagent.models import PolicyConfig
+from rlagent.models.sampler import Generation
 from rlagent.text.guess import GuessNumber
 
 SPECIAL = ["<pad>", "<|im_start|>", "<|im_end|>"]
@@ -93,6 +94,21 @@ def tiny_text_policy(chat):
     )  # fmt: skip
     graphdef, params = nnx.split(Policy(policy_config, rngs=nnx.Rngs(0)))
     return policy_config, graphdef, params
+
+
+def scripted_sampler(chat, texts, max_new_tokens):
+    """A sampler that writes `texts[i]` (then END) in every row at its i-th call (the
+    re-prefill engine's `sample`: a TextLoop without a model, `cached=None`)."""
+    texts = iter(texts)
+
+    def sample(params, prompts, valid, keys):
+        ids = chat.tokenizer.encode(next(texts), add_special_tokens=False) + [chat.end_id]
+        tokens = np.full((len(keys), max_new_tokens), chat.pad_id, np.int32)
+        mask = np.zeros(tokens.shape, bool)
+        tokens[:, : len(ids)], mask[:, : len(ids)] = ids, True
+        return Generation(tokens, np.where(mask, -0.5, 0.0).astype(np.float32), mask)
+
+    return sample
 
 
 def play_staggered(loop, params, keys):

@@ -12,6 +12,7 @@ import dataclasses
 import types
 
 from rlagent.models.llama import PolicyConfig
+from rlagent.text.chat import EMPTY
 from rlagent.text.loop import Episode
 from rlagent.text.loop import TextConfig
 from rlagent.text.loop import TurnRecord
@@ -53,7 +54,7 @@ def text_trajectory(
                 logp=[0.0] * length,
                 signals={"outcome": solved if last else 0.0}, done=last,
             ))  # fmt: skip
-        episodes.append(Episode(env, [], [], [], [], records, [], []))
+        episodes.append(Episode(env, [], [], [], [], records, EMPTY, []))
     config = text_config(turns, obs_len, turn_len, later_obs_len)
     return to_trajectory(episodes, config, chat.pad_id)
 

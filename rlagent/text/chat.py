@@ -19,6 +19,11 @@ past assistant turns) is refused with `ChatTemplateError`, naming the messages; 
 checks that before anything runs, on probe conversations (`probe_cases`: a reply, reasoning,
 a tool call and its result, each followed by a new user turn).
 
+A rendering (`Rendering`) keeps its text: one whose text extends an earlier one's keeps that
+one's ids up to its last cut token (an added token the tokenizer matches before anything
+else, `tail_cut_ids`) and tokenizes the rest only, so a turn tokenizes its new text, not the
+transcript; the ids are those of the whole text (`ChatFormat.check_tails` compares them).
+
 Templates: the tokenizer's own, except Qwen3's official hybrid-thinking template, which is
 not prefix-stable (it adds an empty think block to an assistant turn only while it is the
 last message and drops the reasoning of turns before the last user query); it is replaced
@@ -92,6 +97,24 @@ class MessageSpan:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class Rendering:
+    """The template's rendering of a conversation: its text and its token ids.
+
+    `cut` is `(char, token)`: where the last added token the rendering may be tokenized
+    apart at (`ChatFormat.cut_ids`) starts in `text` and in `ids`; `(0, 0)` without one. A
+    rendering whose text extends `text` keeps `ids[:token]` and tokenizes its text from
+    `char` on only (`ChatFormat.rendering`).
+    """
+
+    text: str
+    ids: list[int]
+    cut: tuple[int, int] = (0, 0)
+
+
+EMPTY = Rendering("", [])  # the rendering of no message (an episode's first `extend`).
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class ChatFormat:
     """A tokenizer, its chat template and the tokens the episode loop needs."""
 
@@ -103,6 +126,10 @@ class ChatFormat:
     template: str | None = None  # the Jinja text rendered with (None: the tokenizer's own).
     template_name: str = OWN_TEMPLATE  # OWN_TEMPLATE or a shipped template's name.
     enable_thinking: bool | None = None  # passed to the template (None: its default).
+    # The added tokens a rendering is tokenized apart at (`tail_cut_ids`; empty: every
+    # rendering is tokenized whole).
+    cut_ids: frozenset[int] = frozenset()
+    check_tails: bool = False  # compare each tail's tokens with the whole text's (tests).
 
     @property
     def native_tool_calls(self) -> bool:
@@ -113,11 +140,11 @@ class ChatFormat:
         """The format of an episode whose environment has these tools (None: no tools)."""
         return dataclasses.replace(self, tools=tuple(tools) if tools else None)
 
-    def render(self, messages: Sequence[Message], *, generation_prompt: bool) -> list[int]:
-        """The template's token ids of `messages` (and the assistant header if asked)."""
+    def render_text(self, messages: Sequence[Message], *, generation_prompt: bool) -> str:
+        """The template's text of `messages` (and the assistant header if asked)."""
         options = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
         try:
-            text = self.tokenizer.apply_chat_template(
+            return self.tokenizer.apply_chat_template(
                 list(messages),
                 tools=None if self.tools is None else list(self.tools),
                 add_generation_prompt=generation_prompt,
@@ -130,7 +157,49 @@ class ChatFormat:
             raise ChatTemplateError(
                 f"the chat template cannot render messages with roles {roles}: {error}"
             ) from error
+
+    def render(self, messages: Sequence[Message], *, generation_prompt: bool) -> list[int]:
+        """The template's token ids of `messages` (and the assistant header if asked)."""
+        text = self.render_text(messages, generation_prompt=generation_prompt)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def rendering(
+        self, messages: Sequence[Message], *, generation_prompt: bool, after: Rendering = EMPTY
+    ) -> Rendering:
+        """The template's `Rendering` of `messages`: when its text extends `after.text`,
+        `after`'s ids up to its cut and the tokens of the text from there on (the same ids
+        as the whole text's, `tail_cut_ids`); else the whole text tokenized."""
+        return self._tokenize(
+            self.render_text(messages, generation_prompt=generation_prompt), after
+        )
+
+    def _tokenize(self, text: str, after: Rendering) -> Rendering:
+        if not self.cut_ids:
+            return Rendering(text, list(self.tokenizer.encode(text, add_special_tokens=False)))
+        char, token = after.cut if text.startswith(after.text) else (0, 0)
+        tail = text[char:]
+        encoded = self.tokenizer(tail, add_special_tokens=False, return_offsets_mapping=True)
+        ids = after.ids[:token] + list(encoded["input_ids"])
+        cut = (0, 0)
+        for index in range(len(encoded["input_ids"]) - 1, -1, -1):
+            if self._cuts_at(encoded["input_ids"][index], tail, encoded["offset_mapping"][index]):
+                cut = (char + encoded["offset_mapping"][index][0], token + index)
+                break
+        if self.check_tails:
+            whole = list(self.tokenizer.encode(text, add_special_tokens=False))
+            if whole != ids:
+                at = _first_difference(ids, whole)
+                raise AssertionError(
+                    f"the tail tokenized from character {char} (token {token}) gives other ids "
+                    f"than the whole text (first difference at token {at})"
+                )
+        return Rendering(text, ids, cut)
+
+    def _cuts_at(self, token_id: int, text: str, span: tuple[int, int]) -> bool:
+        """The token is a cut token, matched where `text[span]` is its content."""
+        if token_id not in self.cut_ids:
+            return False
+        return text[span[0] : span[1]] == self.tokenizer.convert_ids_to_tokens(token_id)
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of generated ids, special tokens kept (what the environment reads)."""
@@ -143,19 +212,20 @@ class ChatFormat:
         return allowed
 
     def extend(
-        self, messages: Sequence[Message], start: int, base: Sequence[int], glue: Sequence[int]
-    ) -> tuple[list[int], list[MessageSpan], list[int]]:
+        self, messages: Sequence[Message], start: int, base: Rendering, glue: Sequence[int]
+    ) -> tuple[list[int], list[MessageSpan], Rendering]:
         """Template tokens of `messages[start:]`, then the generation prompt.
 
         The tokens are where the rendering of `messages` with the generation prompt goes
         beyond `base`. A message ends a span where the rendering of the conversation up to
         it is a prefix of that; a template that renders a group of messages only as a
         whole (Qwen2.5 wraps consecutive tool results in one user turn) gives the group
-        one span.
+        one span. Every rendering is tokenized after `base` (`rendering`): the text of
+        the new messages only.
 
         Args:
           messages: the conversation; `messages[start:]` are new (not assistant).
-          base: `render(messages[:start])`, the template's rendering of the rest.
+          base: the rendering of `messages[:start]` (`EMPTY` for none).
           glue: tokens that go first (after an assistant turn: a forced end-of-turn token
             and the template's tokens after it, `after_assistant`).
         Returns:
@@ -166,22 +236,25 @@ class ChatFormat:
         Raises:
           ChatTemplateError if the rendering of `messages` does not extend `base`.
         """
-        prompt = self.render(messages, generation_prompt=True)
-        self._check_extends(base, prompt, messages)
-        tokens = list(glue) + prompt[len(base) :]
-        spans, roles = [], []
+        prompt = self.rendering(messages, generation_prompt=True, after=base)
+        self._check_extends(base.ids, prompt.ids, messages)
+        tokens = list(glue) + prompt.ids[len(base.ids) :]
+        spans, roles, rendered = [], [], base
         for stop in range(start + 1, len(messages) + 1):
             roles.append(messages[stop - 1]["role"])
-            rendered = self._render_part(messages[:stop], last=stop == len(messages))
-            if stop == len(messages) or _boundary(rendered, base, prompt):
+            part = self._render_part(messages[:stop], base, last=stop == len(messages))
+            if stop == len(messages) or _boundary(part, base.ids, prompt.ids):
+                rendered = part
                 end = (
-                    len(tokens) if stop == len(messages) else len(glue) + len(rendered) - len(base)
+                    len(tokens)
+                    if stop == len(messages)
+                    else len(glue) + len(part.ids) - len(base.ids)
                 )
                 begin = spans[-1].stop if spans else 0
                 spans.append(MessageSpan("+".join(dict.fromkeys(roles)), begin, end))
                 roles = []
         if not spans:
-            spans, rendered = [MessageSpan("template", 0, len(tokens))], list(base)
+            spans = [MessageSpan("template", 0, len(tokens))]
         self._check_tokens(tokens)
         return tokens, spans, rendered
 
@@ -198,18 +271,23 @@ class ChatFormat:
         ]
         return {"role": "assistant", "content": text_outside_calls(text), "tool_calls": calls}
 
-    def assistant_turn(self, messages: Sequence[Message], text: str) -> tuple[Message, list[int]]:
+    def assistant_turn(
+        self, messages: Sequence[Message], text: str, before: Rendering = EMPTY
+    ) -> tuple[Message, Rendering]:
         """`(the assistant message of text, the rendering of messages with it)`, no
-        generation prompt; a template that refuses the structured calls (Llama 3.1 takes
-        one call per message) gets the text as content."""
+        generation prompt, tokenized after `before` (the rendering of `messages`,
+        `rendering`); a template that refuses the structured calls (Llama 3.1 takes one
+        call per message) gets the text as content."""
         message = self.assistant_message(text)
         try:
-            return message, self.render([*messages, message], generation_prompt=False)
+            return message, self.rendering(
+                [*messages, message], generation_prompt=False, after=before
+            )
         except ChatTemplateError:
             if "tool_calls" not in message:
                 raise
         plain = {"role": "assistant", "content": text}
-        return plain, self.render([*messages, plain], generation_prompt=False)
+        return plain, self.rendering([*messages, plain], generation_prompt=False, after=before)
 
     def after_assistant(self, before: Sequence[int], closed: Sequence[int]) -> list[int]:
         """The template's tokens after an assistant turn's end-of-turn token.
@@ -228,11 +306,11 @@ class ChatFormat:
             )
         return turn[len(turn) - turn[::-1].index(self.end_id) :]
 
-    def _render_part(self, messages, *, last: bool) -> list[int] | None:
+    def _render_part(self, messages, base: Rendering, *, last: bool) -> Rendering | None:
         """The rendering of a conversation that ends inside a group of new messages (None
         if the template refuses it: then it is no span boundary)."""
         try:
-            return self.render(messages, generation_prompt=False)
+            return self.rendering(messages, generation_prompt=False, after=base)
         except ChatTemplateError:
             if last:
                 raise
@@ -317,6 +395,7 @@ def make_chat(
         template=template,
         template_name=name,
         enable_thinking=enable_thinking,
+        cut_ids=tail_cut_ids(tokenizer),
     )
     if chat.end_id == chat.pad_id:
         raise ChatTemplateError(
@@ -327,6 +406,34 @@ def make_chat(
         check_tools(chat)
     check_prefix_stable(chat)
     return chat
+
+
+def tail_cut_ids(tokenizer: Any) -> frozenset[int]:
+    """The added tokens a rendering may be tokenized apart at, just before one.
+
+    A fast tokenizer matches its added tokens in the raw text first (leftmost-longest)
+    and tokenizes the text between matches piece by piece, so the ids of a text are the
+    ids before a matched added token, then those from it on. A token qualifies when that
+    split is exact and stays a match whatever text follows: not normalized, no stripping
+    of the whitespace around it, not single-word, and inside no other added token (so no
+    longer match can start at or before it). For a rendering that extends an earlier
+    one's text, the last such token matched in the earlier text is where its tail starts
+    (`ChatFormat.rendering`). None qualifies for a slow tokenizer or one that splits its special
+    tokens: every rendering is then tokenized whole.
+    """
+    if not getattr(tokenizer, "is_fast", False) or getattr(
+        tokenizer, "split_special_tokens", False
+    ):
+        return frozenset()
+    added = tokenizer.added_tokens_decoder
+    contents = {token.content for token in added.values()}
+    return frozenset(
+        index
+        for index, token in added.items()
+        if token.content
+        and not (token.normalized or token.lstrip or token.rstrip or token.single_word)
+        and not any(token.content in other for other in contents - {token.content})
+    )
 
 
 def select_template(template: str) -> tuple[str, str]:
@@ -483,11 +590,9 @@ def _token_id(tokenizer: Any, token: str | None, what: str) -> int:
     return int(token_id)
 
 
-def _boundary(rendered: list[int] | None, base: Sequence[int], prompt: Sequence[int]) -> bool:
-    """`rendered` (of a conversation ending inside new messages) splits them in `prompt`."""
-    return (
-        rendered is not None and len(rendered) >= len(base) and prompt[: len(rendered)] == rendered
-    )
+def _boundary(part: Rendering | None, base: Sequence[int], prompt: Sequence[int]) -> bool:
+    """`part` (of a conversation ending inside new messages) splits them in `prompt`."""
+    return part is not None and len(part.ids) >= len(base) and prompt[: len(part.ids)] == part.ids
 
 
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:

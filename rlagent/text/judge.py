@@ -100,9 +100,9 @@ def question_tokens(chat: ChatFormat, question: str) -> list[int]:
     """The template's tokens after an assistant turn's end-of-turn token up to the
     generation prompt after a user message `question`."""
     probe = [{"role": "user", "content": "Hello."}, {"role": "assistant", "content": "Hi."}]
-    before = chat.render(probe[:1], generation_prompt=False)
-    closed = chat.render(probe, generation_prompt=False)
-    glue = chat.after_assistant(before, closed)
+    before = chat.rendering(probe[:1], generation_prompt=False)
+    closed = chat.rendering(probe, generation_prompt=False, after=before)
+    glue = chat.after_assistant(before.ids, closed.ids)
     asked = [*probe, {"role": "user", "content": question}]
     tokens, _, _ = chat.extend(asked, len(probe), closed, glue)
     return tokens

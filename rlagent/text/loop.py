@@ -89,9 +89,11 @@ from rlagent.models.sampler import evict
 from rlagent.models.sampler import generate
 from rlagent.models.sampler import prefill
 from rlagent.models.sharding import DATA
+from rlagent.text.chat import EMPTY
 from rlagent.text.chat import ChatFormat
 from rlagent.text.chat import Message
 from rlagent.text.chat import MessageSpan
+from rlagent.text.chat import Rendering
 from rlagent.text.chat import check_tools
 from rlagent.text.chat import check_vocab
 from rlagent.types import Trajectory
@@ -236,7 +238,7 @@ class Episode:
     loss_mask: list[bool]
     spans: list[MessageSpan]
     turns: list[TurnRecord]
-    rendered: list[int]  # the template's rendering of the messages before the next turn.
+    rendered: Rendering  # the template's rendering of the messages before the next turn.
     pending: list[int]  # the template tokens the next turn reads.
     tools: tuple[dict, ...] | None = None  # the tool schemas its template tokens carry.
     done: bool = False  # terminated by the environment.
@@ -313,7 +315,7 @@ class TextLoop(NamedTuple):
         if chat.tools:
             check_tools(chat)
         messages = list(env.reset(seed))
-        tokens, spans, rendered = chat.extend(messages, 0, [], [])
+        tokens, spans, rendered = chat.extend(messages, 0, EMPTY, [])
         episode = Episode(env, messages, [], [], [], [], rendered, [], tools=chat.tools)
         episode.truncated = _size_fault(tokens, 0, 0, self.config)
         if not episode.truncated:
@@ -546,7 +548,7 @@ class TextLoop(NamedTuple):
         episode.tokens += ids
         episode.loss_mask += [True] * len(ids)
         episode.spans.append(MessageSpan("assistant", start, len(episode.tokens)))
-        message, closed = chat.assistant_turn(episode.messages, text)
+        message, closed = chat.assistant_turn(episode.messages, text, episode.rendered)
         episode.messages.append(message)
         reply, signals, done = episode.env.step(text)
         signals = {name: float(value) for name, value in signals.items()}
@@ -560,7 +562,8 @@ class TextLoop(NamedTuple):
         if episode.over:
             episode.pending = []
             return
-        glue = ([] if ended else [chat.end_id]) + chat.after_assistant(episode.rendered, closed)
+        after = chat.after_assistant(episode.rendered.ids, closed.ids)
+        glue = ([] if ended else [chat.end_id]) + after
         tokens, spans, episode.rendered = chat.extend(episode.messages, assistant, closed, glue)
         turn = len(episode.turns)
         episode.truncated = _size_fault(tokens, len(episode.tokens), turn, self.config)
