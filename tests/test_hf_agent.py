@@ -154,12 +154,9 @@ def test_the_launcher_trains_grpo_on_toolworld_text(toolworld_model, tmp_path):
         _leaves(_params(workdir, 0)), _leaves(_params(workdir, 2)), strict=True
     ):
         np.testing.assert_allclose(after, before, rtol=0, atol=2 * 1.01e-6)
-    # A rerun into the same folder is refused, in one line, and changes nothing.
-    stamp = (workdir / "metrics.csv").read_text()
-    again = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert again.returncode == 1
-    assert again.stderr.strip().splitlines()[-1].startswith(f"error: {workdir} is not empty")
-    assert (workdir / "metrics.csv").read_text() == stamp
+    # A rerun into the same folder is refused and changes nothing: hf_agent.run's refusal
+    # in test_ppo_changes_the_parameters_and_resumes_exactly; the launchers' one line for
+    # it (launch.run_study, shared) in tests/studies/test_study_generalization.py.
 
 
 def test_episodes_past_max_prompt_len_end_truncated_and_the_run_goes_on(toolworld_model, tmp_path):
@@ -184,7 +181,16 @@ def test_episodes_past_max_prompt_len_end_truncated_and_the_run_goes_on(toolworl
     assert strip(_rows(part)) == strip(_rows(tmp_path / "full"))
 
 
-def test_ppo_changes_the_parameters_and_resumes_exactly(toolworld_model, tmp_path):
+@pytest.fixture(scope="module")
+def ppo_one_update(toolworld_model, tmp_path_factory):
+    """A finished PPO run of one update (`_config("ppo", num_updates=1)`), read by the tests
+    that take it, never changed: the resume test resumes a copy, export reads it."""
+    run = tmp_path_factory.mktemp("ppo_one_update") / "run"
+    _run(_config("ppo", num_updates=1), run, toolworld_model)
+    return run
+
+
+def test_ppo_changes_the_parameters_and_resumes_exactly(toolworld_model, ppo_one_update, tmp_path):
     full = tmp_path / "full"
     rows = _run(_config("ppo"), full, toolworld_model)
     _assert_run_folder(full, "ppo")
@@ -196,9 +202,11 @@ def test_ppo_changes_the_parameters_and_resumes_exactly(toolworld_model, tmp_pat
     assert all(changed), changed
     # One update, then --resume to two (num_updates may grow at a constant learning rate).
     part = tmp_path / "part"
-    _run(_config("ppo", num_updates=1), part, toolworld_model)
-    with pytest.raises(RunError, match="not empty"):
+    shutil.copytree(ppo_one_update, part)
+    stamp = (part / "metrics.csv").read_text()
+    with pytest.raises(RunError, match="not empty"):  # a rerun is refused, changing nothing.
         _run(_config("ppo"), part, toolworld_model)
+    assert (part / "metrics.csv").read_text() == stamp
     _run(_config("ppo"), part, toolworld_model, resume=True)
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]  # noqa: E731
     assert strip(_rows(part)) == strip(_rows(full))
@@ -230,7 +238,9 @@ def test_checkpoints_every_two_updates_resume_exactly(toolworld_model, tmp_path)
     )  # update 3 moved the policy: the replay had something to reproduce.
 
 
-def test_export_writes_a_folder_transformers_loads_with_our_logits(toolworld_model, tmp_path):
+def test_export_writes_a_folder_transformers_loads_with_our_logits(
+    toolworld_model, ppo_one_update, tmp_path
+):
     """`experiments.export_hf RUN@1`: config.json, safetensors, tokenizer and chat template
     of a run's policy after one PPO update; transformers' float32 logits equal ours."""
     import torch
@@ -240,8 +250,7 @@ def test_export_writes_a_folder_transformers_loads_with_our_logits(toolworld_mod
     from rlagent.text.export import _policy
     from rlagent.text.export import export_hf
 
-    run = tmp_path / "run"
-    _run(_config("ppo", num_updates=1), run, toolworld_model)
+    run = ppo_one_update
     out = tmp_path / "hf"
     command = [sys.executable, "-m", "experiments.export_hf", f"{run}@1", f"--out={out}"]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
