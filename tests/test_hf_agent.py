@@ -479,20 +479,20 @@ def _launch(folder, env, workdir, overrides):
     return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
 
 
-def test_the_launcher_trains_a_qwen3_checkpoint_with_the_official_template_on_toolworld(
+def test_hf_agent_trains_a_qwen3_checkpoint_with_the_official_template_on_toolworld(
     tmp_path_factory, tmp_path
 ):
     """A Qwen3-shaped checkpoint whose tokenizer carries the official Qwen3 template: the
-    shipped prefix-stable one is used in its place, two updates, exit status 0."""
+    shipped prefix-stable one is used in its place, two updates (in this process: the
+    launcher's flags and exit status are the grpo and bfcl launcher tests')."""
     env = make_toolworld_text(level=1)
     folder = _model_folder(
         tmp_path_factory.mktemp("qwen3"), env.tools, [_SYSTEM], config=QWEN3, family="qwen3"
     )
     assert "last_query_index" in AutoTokenizer.from_pretrained(folder).chat_template
-    sizes = ["--config.sampling.obs_len=1500", "--config.sampling.max_prompt_len=1600"]
-    done = _launch(folder, "toolworld_text", tmp_path / "run", [
-        "--config.env.toolworld_text.max_turns=2", *sizes])  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    config = _config()
+    config.sampling.update(obs_len=1500, max_prompt_len=1600)
+    _run(config, tmp_path / "run", folder)
     _assert_run_folder(tmp_path / "run", "grpo")
     record = json.loads((tmp_path / "run" / "provenance.json").read_text())["config"]["model"]
     assert record["chat_template"] == QWEN3_PREFIX_STABLE and record["policy"]["qk_norm"]
