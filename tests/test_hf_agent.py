@@ -162,7 +162,7 @@ def test_the_launcher_trains_grpo_on_toolworld_text(toolworld_model, tmp_path):
 def test_episodes_past_max_prompt_len_end_truncated_and_the_run_goes_on(toolworld_model, tmp_path):
     """A max_prompt_len that holds the first prompt and one turn but not the reply: the
     episodes end truncated after their first turn, metrics.csv counts them, and the run
-    (and a resume, which replays them) finishes."""
+    (and a resume from checkpoint 1, which replays them) finishes."""
     config = _config()
     _, text_config, tasks = hf_agent.build(config, "toolworld_text")
     model = text_train.check_model(str(toolworld_model), tasks.tools)
@@ -172,13 +172,19 @@ def test_episodes_past_max_prompt_len_end_truncated_and_the_run_goes_on(toolworl
     rows = _run(config, tmp_path / "full", toolworld_model)
     assert [float(row["truncated"]) for row in _rows(tmp_path / "full")] == [1.0, 1.0]
     assert all(row["turns"] == 1.0 for row in rows)  # max_turns is 2: cut, not ended.
-    part = tmp_path / "part"
-    config.train.num_updates = 1
-    _run(config, part, toolworld_model)
-    config.train.num_updates = 2
+    part = _less_the_last_checkpoint(tmp_path / "full", tmp_path / "part")
     _run(config, part, toolworld_model, resume=True)
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]  # noqa: E731
     assert strip(_rows(part)) == strip(_rows(tmp_path / "full"))
+
+
+def _less_the_last_checkpoint(full, part):
+    """A copy of finished run `full` stopped after its last row, before its last checkpoint:
+    a resume replays the last update (a num_updates grown on resume: test_ppo_...)."""
+    shutil.copytree(full, part)
+    checkpoints = os.path.join(part, "checkpoints")
+    shutil.rmtree(os.path.join(checkpoints, str(max(map(int, os.listdir(checkpoints))))))
+    return part
 
 
 @pytest.fixture(scope="module")
@@ -223,9 +229,7 @@ def test_checkpoints_every_two_updates_resume_exactly(toolworld_model, tmp_path)
     full = tmp_path / "full"
     _run(config, full, toolworld_model)
     assert sorted(os.listdir(full / "checkpoints")) == ["0", "2", "3"]
-    part = tmp_path / "part"
-    shutil.copytree(full, part)
-    shutil.rmtree(part / "checkpoints" / "3")
+    part = _less_the_last_checkpoint(full, tmp_path / "part")
     config.checkpoint.update(asynchronous=False)  # changes no result: may change on resume.
     _run(config, part, toolworld_model, resume=True)
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]  # noqa: E731
@@ -330,8 +334,7 @@ def test_online_dpo_with_the_lm_judge_trains_and_resumes_exactly(toolworld_model
         for a, b in zip(_leaves(_params(full, 0)), _leaves(_params(full, 1)), strict=True)
     ]
     assert any(changed)
-    part = tmp_path / "part"
-    _run(_config("online_dpo", num_updates=1), part, toolworld_model)
+    part = _less_the_last_checkpoint(full, tmp_path / "part")
     _run(_config("online_dpo"), part, toolworld_model, resume=True)
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]  # noqa: E731
     assert strip(_rows(part)) == strip(_rows(full))
@@ -651,12 +654,12 @@ def test_missing_model_dir_unknown_env_and_bad_flags_exit_with_one_line(tmp_path
 
 
 MESH_SCRIPT = """
-import json, os, shutil, sys
+import json, os, sys
 flags = os.environ.get("XLA_FLAGS", "")  # the suite's (tests/conftest.py), and 8 devices:
 os.environ["XLA_FLAGS"] = flags + " --xla_force_host_platform_device_count=8"
 sys.path[:0] = [{root!r}, {tests!r}]
 import jax
-from test_hf_agent import _config, _run
+from test_hf_agent import _config, _less_the_last_checkpoint, _run
 from experiments.studies import hf_agent
 from rlagent.host.workdir import RunError
 from rlagent.text import train as text_train
@@ -675,8 +678,7 @@ def config(devices, num_updates=2, group_size=4):  # PPO (a critic): GRPO's adva
 for name, devices in [("one", 0), ("mesh", 4)]:
     _run(config(devices), os.path.join(out, name), model)
 # The mesh run stopped after update 2's row, before its checkpoint: resumed from step 1.
-shutil.copytree(os.path.join(out, "mesh"), os.path.join(out, "part"))
-shutil.rmtree(os.path.join(out, "part", "checkpoints", "2"))
+_less_the_last_checkpoint(os.path.join(out, "mesh"), os.path.join(out, "part"))
 _run(config(4), os.path.join(out, "part"), model, resume=True)
 for name, folder, cfg, kwargs in [("other_mesh", "part", config(0, 3), dict(resume=True)),
                                   ("indivisible", "indivisible", config(8, 2, 2), {{}})]:
