@@ -3,10 +3,12 @@ machine's CPU, joined over gloo on localhost, each with one device, train as one
 with two host devices does, write one set of files, and resume exactly after both were
 killed.
 
-Each test launches its launcher three times and checks everything on those runs: one
-process with `--xla_force_host_platform_device_count=2` (the reference), then two
-processes killed together right after the checkpoint of update 1, then the same two
-resumed to update 2. Metrics and parameters agree to float32 rounding (RTOL, ATOL): both
+Each test launches its launcher and checks everything on those runs: one process with
+`--xla_force_host_platform_device_count=2` (the reference), then two processes. The main
+experiment's two are killed together right after the checkpoint of update 1 and resumed to
+update 2; hf_agent's two run uninterrupted (two launches, not three: the kill and resume
+of two processes is the main experiment's test, hf_agent's resume of one process
+tests/test_hf_agent.py's). Metrics and parameters agree to float32 rounding (RTOL, ATOL): both
 sides run one partitioned program over a mesh of two devices, but XLA compiles it for
 one process of two devices and for two processes of one separately (the cross-process
 reductions go over gloo), and the text engine's processes each generate their own
@@ -113,14 +115,17 @@ def _params(checkpoints, step: int):
     return [np.asarray(leaf) for leaf in jax.tree.leaves(restored)]
 
 
-def _killed_and_resumed(module: str, flags: list[str], tmp_path):
-    """The reference run (one process, two devices) in tmp_path/one; two processes killed
-    after update 1, then resumed, in tmp_path/two."""
+def _reference_and_two(module: str, flags: list[str], tmp_path, *, kill: bool):
+    """The reference run (one process, two devices) in tmp_path/one; two processes in
+    tmp_path/two: with `kill`, killed after update 1 and then resumed, else uninterrupted."""
     one, two = tmp_path / "one", tmp_path / "two"
     _check_exits(finish(_start(module, [*flags, f"--workdir={one}"], processes=1)), 0)
-    _check_exits(_killed(module, [*flags, f"--workdir={two}"], tmp_path / "saved"), -signal.SIGKILL)
-    resumed = _start(module, [*flags, f"--workdir={two}", "--resume"], processes=2)
-    _check_exits(finish(resumed), 0)
+    resume = []
+    if kill:
+        killed = _killed(module, [*flags, f"--workdir={two}"], tmp_path / "saved")
+        _check_exits(killed, -signal.SIGKILL)
+        resume = ["--resume"]
+    _check_exits(finish(_start(module, [*flags, f"--workdir={two}", *resume], processes=2)), 0)
     return one, two
 
 
@@ -133,7 +138,7 @@ def _assert_one_writer(folder, metrics: set[str]) -> None:
     record = json.loads((folder / "provenance.json").read_text())
     assert record["processes"] == 2 and len(record["devices"]) == 2, record
     tensorboard = [d for d, _, names in os.walk(folder) if any("tfevents" in n for n in names)]
-    for events in tensorboard:  # process 0's events only, once per segment (run, resume).
+    for events in tensorboard:  # process 0's events only, once per segment (run[, resume]).
         assert len(os.listdir(events)) <= 2, os.listdir(events)
 
 
@@ -147,7 +152,7 @@ def _assert_same_run(two_rows, one_rows, two_params, one_params) -> None:
 
 @pytest.mark.slow
 def test_main_experiment_on_two_processes_equals_two_devices_and_resumes(tmp_path):
-    one, two = _killed_and_resumed("experiments.sparse_vs_dense", SVD_FLAGS, tmp_path)
+    one, two = _reference_and_two("experiments.sparse_vs_dense", SVD_FLAGS, tmp_path, kill=True)
     rows = _rows(two / "metrics.csv")
     assert len(rows) == 2 * 2  # conditions x updates
     _assert_same_run(
@@ -172,9 +177,9 @@ HF_FLAGS = [
 
 
 @pytest.mark.slow
-def test_hf_agent_on_two_processes_equals_two_devices_and_resumes(toolworld_model, tmp_path):  # noqa: F811
+def test_hf_agent_on_two_processes_equals_two_devices(toolworld_model, tmp_path):  # noqa: F811
     flags = [*HF_FLAGS, f"--model_dir={toolworld_model}"]
-    one, two = _killed_and_resumed("experiments.hf_agent", flags, tmp_path)
+    one, two = _reference_and_two("experiments.hf_agent", flags, tmp_path, kill=False)
     rows = _rows(two / "metrics.csv")
     assert [row["update"] for row in rows] == ["1", "2"]
     assert float(rows[1]["kl_ref"]) > 1e-9  # the first update moved the policy.

@@ -154,18 +154,15 @@ def test_the_launcher_trains_grpo_on_toolworld_text(toolworld_model, tmp_path):
         _leaves(_params(workdir, 0)), _leaves(_params(workdir, 2)), strict=True
     ):
         np.testing.assert_allclose(after, before, rtol=0, atol=2 * 1.01e-6)
-    # A rerun into the same folder is refused, in one line, and changes nothing.
-    stamp = (workdir / "metrics.csv").read_text()
-    again = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert again.returncode == 1
-    assert again.stderr.strip().splitlines()[-1].startswith(f"error: {workdir} is not empty")
-    assert (workdir / "metrics.csv").read_text() == stamp
+    # A rerun into the same folder is refused and changes nothing: hf_agent.run's refusal
+    # in test_ppo_changes_the_parameters_and_resumes_exactly; the launchers' one line for
+    # it (launch.run_study, shared) in tests/studies/test_study_generalization.py.
 
 
 def test_episodes_past_max_prompt_len_end_truncated_and_the_run_goes_on(toolworld_model, tmp_path):
     """A max_prompt_len that holds the first prompt and one turn but not the reply: the
     episodes end truncated after their first turn, metrics.csv counts them, and the run
-    (and a resume, which replays them) finishes."""
+    (and a resume from checkpoint 1, which replays them) finishes."""
     config = _config()
     _, text_config, tasks = hf_agent.build(config, "toolworld_text")
     model = text_train.check_model(str(toolworld_model), tasks.tools)
@@ -175,16 +172,31 @@ def test_episodes_past_max_prompt_len_end_truncated_and_the_run_goes_on(toolworl
     rows = _run(config, tmp_path / "full", toolworld_model)
     assert [float(row["truncated"]) for row in _rows(tmp_path / "full")] == [1.0, 1.0]
     assert all(row["turns"] == 1.0 for row in rows)  # max_turns is 2: cut, not ended.
-    part = tmp_path / "part"
-    config.train.num_updates = 1
-    _run(config, part, toolworld_model)
-    config.train.num_updates = 2
+    part = _less_the_last_checkpoint(tmp_path / "full", tmp_path / "part")
     _run(config, part, toolworld_model, resume=True)
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]  # noqa: E731
     assert strip(_rows(part)) == strip(_rows(tmp_path / "full"))
 
 
-def test_ppo_changes_the_parameters_and_resumes_exactly(toolworld_model, tmp_path):
+def _less_the_last_checkpoint(full, part):
+    """A copy of finished run `full` stopped after its last row, before its last checkpoint:
+    a resume replays the last update (a num_updates grown on resume: test_ppo_...)."""
+    shutil.copytree(full, part)
+    checkpoints = os.path.join(part, "checkpoints")
+    shutil.rmtree(os.path.join(checkpoints, str(max(map(int, os.listdir(checkpoints))))))
+    return part
+
+
+@pytest.fixture(scope="module")
+def ppo_one_update(toolworld_model, tmp_path_factory):
+    """A finished PPO run of one update (`_config("ppo", num_updates=1)`), read by the tests
+    that take it, never changed: the resume test resumes a copy, export reads it."""
+    run = tmp_path_factory.mktemp("ppo_one_update") / "run"
+    _run(_config("ppo", num_updates=1), run, toolworld_model)
+    return run
+
+
+def test_ppo_changes_the_parameters_and_resumes_exactly(toolworld_model, ppo_one_update, tmp_path):
     full = tmp_path / "full"
     rows = _run(_config("ppo"), full, toolworld_model)
     _assert_run_folder(full, "ppo")
@@ -196,9 +208,11 @@ def test_ppo_changes_the_parameters_and_resumes_exactly(toolworld_model, tmp_pat
     assert all(changed), changed
     # One update, then --resume to two (num_updates may grow at a constant learning rate).
     part = tmp_path / "part"
-    _run(_config("ppo", num_updates=1), part, toolworld_model)
-    with pytest.raises(RunError, match="not empty"):
+    shutil.copytree(ppo_one_update, part)
+    stamp = (part / "metrics.csv").read_text()
+    with pytest.raises(RunError, match="not empty"):  # a rerun is refused, changing nothing.
         _run(_config("ppo"), part, toolworld_model)
+    assert (part / "metrics.csv").read_text() == stamp
     _run(_config("ppo"), part, toolworld_model, resume=True)
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]  # noqa: E731
     assert strip(_rows(part)) == strip(_rows(full))
@@ -215,9 +229,7 @@ def test_checkpoints_every_two_updates_resume_exactly(toolworld_model, tmp_path)
     full = tmp_path / "full"
     _run(config, full, toolworld_model)
     assert sorted(os.listdir(full / "checkpoints")) == ["0", "2", "3"]
-    part = tmp_path / "part"
-    shutil.copytree(full, part)
-    shutil.rmtree(part / "checkpoints" / "3")
+    part = _less_the_last_checkpoint(full, tmp_path / "part")
     config.checkpoint.update(asynchronous=False)  # changes no result: may change on resume.
     _run(config, part, toolworld_model, resume=True)
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]  # noqa: E731
@@ -230,7 +242,9 @@ def test_checkpoints_every_two_updates_resume_exactly(toolworld_model, tmp_path)
     )  # update 3 moved the policy: the replay had something to reproduce.
 
 
-def test_export_writes_a_folder_transformers_loads_with_our_logits(toolworld_model, tmp_path):
+def test_export_writes_a_folder_transformers_loads_with_our_logits(
+    toolworld_model, ppo_one_update, tmp_path
+):
     """`experiments.export_hf RUN@1`: config.json, safetensors, tokenizer and chat template
     of a run's policy after one PPO update; transformers' float32 logits equal ours."""
     import torch
@@ -240,8 +254,7 @@ def test_export_writes_a_folder_transformers_loads_with_our_logits(toolworld_mod
     from rlagent.text.export import _policy
     from rlagent.text.export import export_hf
 
-    run = tmp_path / "run"
-    _run(_config("ppo", num_updates=1), run, toolworld_model)
+    run = ppo_one_update
     out = tmp_path / "hf"
     command = [sys.executable, "-m", "experiments.export_hf", f"{run}@1", f"--out={out}"]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
@@ -321,8 +334,7 @@ def test_online_dpo_with_the_lm_judge_trains_and_resumes_exactly(toolworld_model
         for a, b in zip(_leaves(_params(full, 0)), _leaves(_params(full, 1)), strict=True)
     ]
     assert any(changed)
-    part = tmp_path / "part"
-    _run(_config("online_dpo", num_updates=1), part, toolworld_model)
+    part = _less_the_last_checkpoint(full, tmp_path / "part")
     _run(_config("online_dpo"), part, toolworld_model, resume=True)
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]  # noqa: E731
     assert strip(_rows(part)) == strip(_rows(full))
@@ -470,20 +482,20 @@ def _launch(folder, env, workdir, overrides):
     return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
 
 
-def test_the_launcher_trains_a_qwen3_checkpoint_with_the_official_template_on_toolworld(
+def test_hf_agent_trains_a_qwen3_checkpoint_with_the_official_template_on_toolworld(
     tmp_path_factory, tmp_path
 ):
     """A Qwen3-shaped checkpoint whose tokenizer carries the official Qwen3 template: the
-    shipped prefix-stable one is used in its place, two updates, exit status 0."""
+    shipped prefix-stable one is used in its place, two updates (in this process: the
+    launcher's flags and exit status are the grpo and bfcl launcher tests')."""
     env = make_toolworld_text(level=1)
     folder = _model_folder(
         tmp_path_factory.mktemp("qwen3"), env.tools, [_SYSTEM], config=QWEN3, family="qwen3"
     )
     assert "last_query_index" in AutoTokenizer.from_pretrained(folder).chat_template
-    sizes = ["--config.sampling.obs_len=1500", "--config.sampling.max_prompt_len=1600"]
-    done = _launch(folder, "toolworld_text", tmp_path / "run", [
-        "--config.env.toolworld_text.max_turns=2", *sizes])  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    config = _config()
+    config.sampling.update(obs_len=1500, max_prompt_len=1600)
+    _run(config, tmp_path / "run", folder)
     _assert_run_folder(tmp_path / "run", "grpo")
     record = json.loads((tmp_path / "run" / "provenance.json").read_text())["config"]["model"]
     assert record["chat_template"] == QWEN3_PREFIX_STABLE and record["policy"]["qk_norm"]
@@ -647,7 +659,7 @@ flags = os.environ.get("XLA_FLAGS", "")  # the suite's (tests/conftest.py), and 
 os.environ["XLA_FLAGS"] = flags + " --xla_force_host_platform_device_count=8"
 sys.path[:0] = [{root!r}, {tests!r}]
 import jax
-from test_hf_agent import _config, _run
+from test_hf_agent import _config, _less_the_last_checkpoint, _run
 from experiments.studies import hf_agent
 from rlagent.host.workdir import RunError
 from rlagent.text import train as text_train
@@ -663,9 +675,11 @@ def config(devices, num_updates=2, group_size=4):  # PPO (a critic): GRPO's adva
     config.model.dtype = "float32"
     return config
 
-for name, devices, updates, resume in [("one", 0, 2, False), ("mesh", 4, 2, False),
-                                       ("part", 4, 1, False), ("part", 4, 2, True)]:
-    _run(config(devices, updates), os.path.join(out, name), model, resume=resume)
+for name, devices in [("one", 0), ("mesh", 4)]:
+    _run(config(devices), os.path.join(out, name), model)
+# The mesh run stopped after update 2's row, before its checkpoint: resumed from step 1.
+_less_the_last_checkpoint(os.path.join(out, "mesh"), os.path.join(out, "part"))
+_run(config(4), os.path.join(out, "part"), model, resume=True)
 for name, folder, cfg, kwargs in [("other_mesh", "part", config(0, 3), dict(resume=True)),
                                   ("indivisible", "indivisible", config(8, 2, 2), {{}})]:
     try:
@@ -687,7 +701,8 @@ print(json.dumps(result))
 def test_fsdp_mesh_trains_as_one_device_and_resumes_exactly(toolworld_model, tmp_path):
     """`--config.mesh.devices=4 --config.mesh.data=2` on 8 fake CPU devices, PPO with its
     critic: parameters in FSDP layout, the sampler's episodes over the data axis, the same
-    rows as on one device (float rounding), an exact resume; a
+    rows as on one device (float rounding), an exact resume (of the mesh run's copy less
+    its last checkpoint: a grown num_updates is the one-device PPO test's); a
     resume on another mesh and a batch that does not split over the devices are refused."""
     script = MESH_SCRIPT.format(root=ROOT, tests=os.path.join(ROOT, "tests"))
     command = [sys.executable, "-c", script, str(toolworld_model), str(tmp_path)]
