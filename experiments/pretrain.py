@@ -17,6 +17,7 @@ anything is written, on a bad value or a non-empty --workdir.
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 from absl import app
 from absl import flags
@@ -27,18 +28,19 @@ from rlagent.text.pretrain import check_workdir
 from rlagent.text.pretrain import pretrain
 
 
-def define_flags() -> None:
-    """The command's flags, defined when it runs (not on import: tests import this module
-    beside launchers whose flags share these names)."""
-    flags.DEFINE_string("workdir", None, "A new or empty folder to write.", required=True)
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
+    """The command's flags, defined in `values` when it runs (not on import: tests import
+    this module beside launchers whose flags share these names)."""
+    flags.DEFINE_string("workdir", None, "A new or empty folder to write.", flag_values=values)
     for field in dataclasses.fields(PretrainConfig):
         help_text = f"PretrainConfig.{field.name} (rlagent.text.pretrain)."
         if isinstance(field.default, tuple):
-            flags.DEFINE_list(field.name, [str(v) for v in field.default], help_text)
+            define, default = flags.DEFINE_list, [str(v) for v in field.default]
         elif isinstance(field.default, float):
-            flags.DEFINE_float(field.name, field.default, help_text)
+            define, default = flags.DEFINE_float, field.default
         else:
-            flags.DEFINE_integer(field.name, field.default, help_text)
+            define, default = flags.DEFINE_integer, field.default
+        define(field.name, default, help_text, flag_values=values)
 
 
 def config_from_flags(values: flags.FlagValues) -> PretrainConfig:
@@ -61,6 +63,8 @@ def main(argv):
     if len(argv) != 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
     workdir = flags.FLAGS.workdir
+    if not workdir:
+        sys.exit("error: --workdir is required")
 
     def run():
         config = config_from_flags(flags.FLAGS)

@@ -45,6 +45,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from tokenizers import AddedToken
+from tokenizers import Tokenizer
+from tokenizers import decoders
+from tokenizers import models
+from tokenizers import pre_tokenizers
+from tokenizers import trainers
 
 from rlagent.envs.toolworld.config import ToolWorldConfig
 from rlagent.host import provenance
@@ -193,12 +199,6 @@ def bfcl_corpus(count: int) -> list[str]:
 def train_tokenizer(corpus: list[str], vocab_size: int) -> Any:
     """A byte-level BPE tokenizer of `vocab_size` tokens learnt from `corpus`, with Qwen2.5's
     special tokens, its tool tags and its chat template (a transformers fast tokenizer)."""
-    from tokenizers import AddedToken
-    from tokenizers import Tokenizer
-    from tokenizers import decoders
-    from tokenizers import models
-    from tokenizers import pre_tokenizers
-    from tokenizers import trainers
     from transformers import PreTrainedTokenizerFast
 
     template = shipped_template(TEMPLATE)
