@@ -36,6 +36,8 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
         help_text = f"PretrainConfig.{field.name} (rlagent.text.pretrain)."
         if isinstance(field.default, tuple):
             define, default = flags.DEFINE_list, [str(v) for v in field.default]
+        elif isinstance(field.default, str):
+            define, default = flags.DEFINE_string, field.default
         elif isinstance(field.default, float):
             define, default = flags.DEFINE_float, field.default
         else:

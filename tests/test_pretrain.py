@@ -86,7 +86,8 @@ def test_training_loss_falls_over_a_few_dozen_steps(tiny):
 @pytest.mark.parametrize(
     "flags, named",
     [(["--num_heads=3"], "--num_heads"), (["--band_low=0.6"], "--band_low"),
-     (["--levels=2,5"], "--levels"), (["--noise=0.1,x"], "--noise")],
+     (["--levels=2,5"], "--levels"), (["--noise=0.1,x"], "--noise"),
+     (["--loss=prompt"], "--loss")],
 )  # fmt: skip
 def test_a_bad_flag_is_refused_before_anything_is_written(flags, named, tmp_path):
     from experiments import pretrain as command

@@ -16,8 +16,9 @@ downloaded checkpoint (`experiments.pretrain`; docs/pretrain.md).
 3. Transcripts: each script replayed through the text loop (`TextLoop.start`,
    `TextLoop.advance` with the scripted turn's ids and the end-of-turn token), so the
    tokens are exactly the loop's, and the loss mask its assistant tokens.
-4. Training: next-token prediction on the assistant tokens only (optax AdamW, warm-up
-   then constant rate, jit), batches of `batch_size` transcripts drawn at random.
+4. Training: next-token prediction on every token (`loss='all'`) or on the assistant
+   tokens (`'assistant'`), optax AdamW, warm-up then constant rate, jit; batches of
+   `batch_size` transcripts drawn at random.
 5. Stop rule: every `eval_every` steps the text loop plays `eval_episodes` held-out tasks
    of ToolWorld text level `eval_level` sampled at temperature 1; training stops at the
    first evaluation whose success lies in [band_low, band_high] (or above the band:
@@ -80,6 +81,7 @@ MODEL_DIR = "model"
 CURVE = "eval_curve"
 CURVE_FIELDS = ("step", "train_loss", "success", "malformed_rate", "turns", "eval_s", "elapsed_s")
 PARITY_TOLERANCE = 1e-4
+LOSSES = ("assistant", "all")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +111,11 @@ class PretrainConfig:
     bfcl_tasks: int = 16  # BFCL training tasks whose text joins the tokenizer's corpus.
     max_new_tokens: int = 48  # tokens of one sampled turn.
     max_len: int = 2048  # transcript tokens (the loop's prompt limit plus max_new_tokens).
+    # The tokens the loss reads: 'all' (every token of the transcript: tool results and
+    # user turns too, where ids are copied as in the calls) or 'assistant' (the turns'
+    # tokens, the loop's loss mask: at the default size it learnt no id copying in 400
+    # updates, docs/pretrain.md).
+    loss: str = "all"
 
     def __post_init__(self):
         object.__setattr__(self, "levels", tuple(self.levels))
@@ -131,6 +138,7 @@ class PretrainConfig:
                  "probabilities in [0, 1]")  # fmt: skip
         _require("band_low", self.band_low, 0 <= self.band_low <= self.band_high <= 1,
                  "0 <= band_low <= band_high <= 1")  # fmt: skip
+        _require("loss", self.loss, self.loss in LOSSES, f"one of {LOSSES}")
         _require("max_len", self.max_len, self.max_len > self.max_new_tokens, "> max_new_tokens")
         _require("num_heads", self.num_heads, self.d_model % self.num_heads == 0
                  and (self.d_model // self.num_heads) % 2 == 0,
@@ -333,8 +341,10 @@ def pretrain(config: PretrainConfig, workdir: str, *, log=print) -> dict[str, An
     graphdef, params = nnx.split(Llama(policy, lm_head=True, rngs=nnx.Rngs(config.seed)))
     loop = make_text_loop(chat, graphdef, policy, config.text)
     data = transcripts(loop, plays)
+    if config.loss == "all":
+        data = [(tokens, np.ones(len(tokens), bool)) for tokens, _ in data]
     tokens = sum(int(mask.sum()) for _, mask in data)
-    log(f"{len(data)} transcripts, {tokens} assistant tokens, {parameter_count(policy)} "
+    log(f"{len(data)} transcripts, {tokens} loss tokens, {parameter_count(policy)} "
         f"parameters; data {time.perf_counter() - began:.0f} s")  # fmt: skip
     params, curve, stop = train(config, loop, graphdef, params, data, log=log)
     os.makedirs(workdir, exist_ok=True)
