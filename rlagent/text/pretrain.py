@@ -47,9 +47,11 @@ import numpy as np
 import optax
 from flax import nnx
 from tokenizers import AddedToken
+from tokenizers import Regex
 from tokenizers import Tokenizer
 from tokenizers import decoders
 from tokenizers import models
+from tokenizers import normalizers
 from tokenizers import pre_tokenizers
 from tokenizers import trainers
 
@@ -209,12 +211,15 @@ def train_tokenizer(corpus: list[str], vocab_size: int) -> Any:
     special tokens, its tool tags and its chat template (a transformers fast tokenizer)."""
     from transformers import PreTrainedTokenizerFast
 
+    # Qwen2's normaliser and pre-tokenizer, as transformers rebuilds them when it loads the
+    # tokenizer of a folder whose config.json says qwen2: every digit its own token.
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
     template = shipped_template(TEMPLATE)
     tokenizer = Tokenizer(models.BPE())
-    # Merges may cross spaces and punctuation (the fixed prompt and the JSON around a
-    # call take few tokens), never a digit: every id is its own digits' tokens.
+    tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])  # fmt: skip
     tokenizer.decoder = decoders.ByteLevel()
