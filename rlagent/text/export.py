@@ -110,19 +110,30 @@ def _policy(folder: str, step: int, config: PolicyConfig) -> Llama:
 
 
 def _write(out: str, llama: Llama, config: PolicyConfig, source: str) -> None:
+    with open(os.path.join(source, "config.json")) as f:
+        # The source's fields win (what the loader read, token ids, context length);
+        # `hf_config`'s fill what a config written in code may lack (model_type).
+        fields = json.load(f)
+    write_hf(out, llama, config, load_tokenizer(source), fields)
+    if os.path.isfile(os.path.join(source, GENERATION_CONFIG)):
+        shutil.copy(os.path.join(source, GENERATION_CONFIG), os.path.join(out, GENERATION_CONFIG))
+
+
+def write_hf(
+    out: str, llama: Llama, config: PolicyConfig, tokenizer: Any, fields: dict[str, Any]
+) -> None:
+    """Writes `llama` to the folder `out` as transformers reads it: model.safetensors in
+    `config.param_dtype` (`to_hf_state_dict`), config.json (`hf_config`'s fields, then
+    `fields` over them, the dtype fields set to the saved one) and the tokenizer's files
+    with its chat template (`save_pretrained`)."""
     dtype = config.param_dtype
     tensors = {
         name: value.astype(_NUMPY_DTYPES[dtype]) for name, value in to_hf_state_dict(llama).items()
     }
     save_file(tensors, os.path.join(out, SINGLE), metadata={"format": "pt"})
-    with open(os.path.join(source, "config.json")) as f:
-        # The source's fields win (what the loader read, token ids, context length);
-        # `hf_config`'s fill what a config written in code may lack (model_type).
-        fields = {**hf_config(config).to_dict(), **json.load(f)}
+    fields = {**hf_config(config).to_dict(), **fields}
     fields.update({key: dtype for key in ("torch_dtype", "dtype") if key in fields})
     fields.setdefault("torch_dtype", dtype)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(fields, f, indent=2)
-    load_tokenizer(source).save_pretrained(out)  # the tokenizer files and chat template.
-    if os.path.isfile(os.path.join(source, GENERATION_CONFIG)):
-        shutil.copy(os.path.join(source, GENERATION_CONFIG), os.path.join(out, GENERATION_CONFIG))
+    tokenizer.save_pretrained(out)  # the tokenizer files and chat template.

@@ -352,7 +352,7 @@ class TextLoop(NamedTuple):
                 if not episode.over:
                     length = int(out.mask[row].sum())
                     ids, logp = out.tokens[row, :length], out.logp[row, :length]
-                    self._advance(episode, ids.tolist(), logp.tolist())
+                    self.advance(episode, ids.tolist(), logp.tolist())
             played += 1
         return list(episodes)
 
@@ -405,7 +405,7 @@ class TextLoop(NamedTuple):
                     length = int(out.mask[i].sum())
                     # The last sampled id is not in the cache (the next turn appends it).
                     book.held[r] = len(episode.tokens) + length - 1
-                    self._advance(episode, out.tokens[i, :length].tolist(),
+                    self.advance(episode, out.tokens[i, :length].tolist(),
                                   out.logp[i, :length].tolist())  # fmt: skip
             played += 1
         return list(episodes)
@@ -538,9 +538,10 @@ class TextLoop(NamedTuple):
         """The episodes as the trainer's turn-major `Trajectory` (see the module docstring)."""
         return to_trajectory(episodes, self.config, self.chat.pad_id)
 
-    def _advance(self, episode: Episode, ids: list[int], logp: list[float]) -> None:
-        """Appends one generated turn, steps the environment, appends its reply (or ends
-        the episode as truncated when the reply does not fit the sizes)."""
+    def advance(self, episode: Episode, ids: list[int], logp: list[float]) -> None:
+        """Appends one turn of ids (sampled by `play`, or scripted: teacher forcing,
+        `rlagent.text.pretrain`), steps the environment, appends its reply (or ends the
+        episode as truncated when the reply does not fit the sizes)."""
         chat = self.chat.for_tools(episode.tools)
         ended = bool(ids) and ids[-1] == chat.end_id
         text = chat.decode(ids[:-1] if ended else ids)

@@ -46,6 +46,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rlagent.envs.toolworld import dsl
 from rlagent.envs.toolworld import generator
@@ -166,6 +167,20 @@ class ToolWorldText:
         signals[MALFORMED_SIGNAL] = float(turn.command == Command.MALFORMED)
         signals["success"] = float(timestep.signals.success)
         return self._reply(timestep.obs, turn), signals, bool(self.state.terminated)
+
+    def oracle_text(self) -> str:
+        """The text of the oracle's next turn: the call of the shortest correct plan
+        (`ReferenceToolWorld.oracle`)."""
+        command, arg1, arg2 = self.world.parse(self.world.oracle(self.state))
+        return tool_call_text(Command(command), arg1, arg2)
+
+    def slip_text(self, rng: np.random.Generator) -> str:
+        """A well-formed call of a random tool with random in-range arguments: a scripted
+        mistake (`rlagent.text.pretrain`'s noisy players)."""
+        command = list(TOOL_SPECS)[int(rng.integers(len(TOOL_SPECS)))]
+        sizes = {**_class_sizes(self.config), "STATUS": len(STATUSES)}
+        args = [int(rng.integers(sizes[slot])) for slot in _argument_classes(command)]
+        return tool_call_text(command, *args)
 
     def episode_metrics(
         self, signals: dict[str, jax.Array], turn_mask: jax.Array, action_tokens: jax.Array
