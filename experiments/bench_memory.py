@@ -182,8 +182,9 @@ def _rollout_lowered(loop, params, batch: int):
     cached, rows = loop.cached, spec((batch,), jnp.int32)
     caches = jax.eval_shape(cached.init, batch)
     tokens, moves = spec((batch, cached.width), jnp.int32), (rows, rows, rows)
-    yield "prefill", cached.prefill.lower(params, caches, tokens, rows, rows, moves)
-    logits, _ = jax.eval_shape(cached.prefill, params, caches, tokens, rows, rows, moves)
+    prefill = cached.prefill.lower(params, caches, tokens, rows, rows, moves)
+    yield "prefill", prefill
+    logits = spec(prefill.out_info[0].shape, prefill.out_info[0].dtype)  # traced once.
     active = spec((batch,), bool)
     yield "decode", cached.decode.lower(params, caches, logits, keys, (rows, active, rows))
 
