@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
+from typing import NamedTuple
 
 import jax
 import ml_collections
@@ -34,11 +35,23 @@ PREFERENCE_FIELDS = ("judge", "accuracy", "question", "kind", "beta", "label_smo
                      "segment_turns", "length_norm", "num_epochs")  # fmt: skip
 
 
-def run(
-    config: ml_collections.ConfigDict, workdir: str, *, model_dir: str, env: str,
-    resume: bool = False, overwrite: bool = False, progress: bool = True,
-) -> list[dict[str, Any]]:  # fmt: skip
-    """Trains the checkpoint of `model_dir` on `env` (one of ENVS); the metric rows."""
+class Prepared(NamedTuple):
+    """What `run` passes to `rlagent.text.train.run_text`, checked (`prepare`)."""
+
+    train: TrainConfig
+    sampling: TextConfig
+    tasks: text_train.TaskSet
+    agent: Any  # rlagent.text.train.AgentModel
+    mesh: jax.sharding.Mesh | None
+    preference: text_train.Preference | None
+    evaluation: EvalConfig
+    critic: CriticConfig
+    checkpoints: CheckpointConfig
+
+
+def prepare(config: ml_collections.ConfigDict, *, model_dir: str, env: str) -> Prepared:
+    """The typed configs of `config` and the checked checkpoint of `model_dir`; refuses a
+    bad value or folder, naming it, before anything is written."""
     train_config, text_config, tasks = build(config, env)
     device_mesh = mesh(config)  # a bad mesh section is refused before the checkpoint is read.
     dpo = preference(config, train_config)  # refuses bad online DPO settings first.
@@ -51,12 +64,41 @@ def run(
         end_token=model.end_token or None, pad_token=model.pad_token or None, remat=model.remat,
         enable_thinking=model.enable_thinking,
     )  # fmt: skip
+    return Prepared(
+        train_config, text_config, tasks, agent, device_mesh, dpo, evaluation, critic, checkpoints
+    )
+
+
+def run(
+    config: ml_collections.ConfigDict, workdir: str, *, model_dir: str, env: str,
+    resume: bool = False, overwrite: bool = False, progress: bool = True,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Trains the checkpoint of `model_dir` on `env` (one of ENVS); the metric rows."""
+    p = prepare(config, model_dir=model_dir, env=env)
     return text_train.run_text(
-        train_config, text_config, tasks, agent, workdir=workdir, seed=config.seed,
+        p.train, p.sampling, p.tasks, p.agent, workdir=workdir, seed=config.seed,
         algorithm=config.algorithm, resume=resume, overwrite=overwrite, progress=progress,
-        evaluation=evaluation, preference=dpo, mesh=device_mesh, critic=critic,
-        checkpoints=checkpoints,
+        evaluation=p.evaluation, preference=p.preference, mesh=p.mesh, critic=p.critic,
+        checkpoints=p.checkpoints,
     )  # fmt: skip
+
+
+def evaluate_start(
+    config: ml_collections.ConfigDict, *, model_dir: str, env: str
+) -> dict[str, float]:
+    """The `eval_*` columns of the checkpoint of `model_dir` as loaded (no update): the
+    evaluation episodes of `config.eval` (the same tasks and keys as every evaluation of a
+    run of `config`, `rlagent.text.train.evaluate_text`)."""
+    p = prepare(config, model_dir=model_dir, env=env)
+    if not p.evaluation.every:
+        raise ValueError("config.eval.every must be > 0 to evaluate the start.")
+    text_run, params = text_train.make_text_run(
+        p.train, p.sampling, p.tasks, p.agent, seed=config.seed, preference=p.preference,
+        mesh=p.mesh, critic=p.critic,
+    )  # fmt: skip
+    return text_train.evaluate_text(
+        text_run, params, text_train.eval_task_list(p.tasks, p.evaluation)
+    )
 
 
 def mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh | None:
