@@ -26,14 +26,15 @@ def get_config() -> ml_collections.ConfigDict:
     agent = hf_agent.get_config()
     agent.env.toolworld_text.level = 2  # the level the pretraining's stop rule measured.
     agent.model.dtype = "float32"  # a 0.9M-parameter model: full precision costs little.
-    # The pretraining's sizes: a 1,100-token header, turns of at most 48 tokens.
+    # Turns of at most 48 tokens (the pretraining's); transcripts of at most 1,536 tokens
+    # (a 1,100-token header, then about 100 a turn: an episode past it ends truncated).
     agent.sampling.max_new_tokens = 48
-    agent.sampling.obs_len = 2048
-    agent.sampling.max_prompt_len = 2048
-    agent.train.num_updates = 8
+    agent.sampling.obs_len = 1536
+    agent.sampling.max_prompt_len = 1536
+    agent.train.num_updates = 6
     agent.train.num_groups = 4  # 4 tasks x 8 episodes an update (hf_agent's default).
-    agent.train.learning_rate = 1e-4
-    agent.eval.every = 4  # held-out evaluation after updates 4 and 8 ...
+    agent.train.learning_rate = 2e-4
+    agent.eval.every = 3  # held-out evaluation after updates 3 and 6 ...
     agent.eval.episodes = 64  # ... of 64 fixed held-out level 2 episodes, sampled and greedy.
     agent.checkpoint.keep = 1
     config.agent = agent
