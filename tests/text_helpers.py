@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerFast
 from rlagent.models import Policy
 from rlagent.models import PolicyConfig
 from rlagent.models.sampler import Generation
+from rlagent.text.chat import shipped_template
 from rlagent.text.guess import GuessNumber
 
 SPECIAL = ["<pad>", "<|im_start|>", "<|im_end|>"]
@@ -30,10 +31,13 @@ TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures",
 
 
 def official_template(name):
-    """The official chat template text of `name` (qwen3, qwen2.5, llama3.1; README.md there
-    says where each comes from)."""
-    with open(os.path.join(TEMPLATES, f"{name}.jinja")) as file:
-        return file.read()
+    """The official chat template text of `name` (qwen3, qwen2.5, llama3.1; README.md in
+    tests/fixtures/templates says where each comes from). Qwen2.5's ships with rlagent
+    (`rlagent/text/templates`, the pretrained model's template), so it is read there."""
+    if os.path.exists(os.path.join(TEMPLATES, f"{name}.jinja")):
+        with open(os.path.join(TEMPLATES, f"{name}.jinja")) as file:
+            return file.read()
+    return shipped_template(name)
 
 
 def family_tokenizer(name, *, vocab_size=300, corpus=()):

@@ -57,6 +57,7 @@ from tokenizers import trainers
 
 from rlagent.envs.toolworld.config import ToolWorldConfig
 from rlagent.host import provenance
+from rlagent.losses import weighted_log_likelihood
 from rlagent.models.llama import Llama
 from rlagent.models.llama import PolicyConfig
 from rlagent.models.llama import parameter_count
@@ -276,9 +277,8 @@ def loss_fn(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Array, mask: 
     inputs = tokens[:, :-1]
     hidden, _ = llama(llama.embed(inputs), inputs != llama.config.pad_id)
     logits = llama.logits(hidden)
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
-    weights = mask[:, 1:].astype(jnp.float32)
-    return jnp.sum(losses * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+    logp = -optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
+    return -weighted_log_likelihood(logp, mask[:, 1:], jnp.ones(tokens.shape[0], jnp.float32))
 
 
 def make_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation):
