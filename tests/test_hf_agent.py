@@ -340,16 +340,24 @@ def test_online_dpo_with_the_lm_judge_trains_and_resumes_exactly(toolworld_model
     assert strip(_rows(part)) == strip(_rows(full))
 
 
-def test_the_loss_mask_covers_only_the_assistant_tokens(toolworld_model, tmp_path):
-    config = _config()
-    train_config, text_config, tasks = hf_agent.build(config, "toolworld_text")
+@pytest.fixture(scope="module")
+def grpo_text_run(toolworld_model):
+    """`(tasks, TextRun, initial parameters)` of `_config()` (GRPO) on the tiny checkpoint,
+    built once for the tests that play batches or evaluate with it."""
+    train_config, text_config, tasks = hf_agent.build(_config(), "toolworld_text")
     model = text_train.check_model(str(toolworld_model), tasks.tools)
     run, params = text_train.make_text_run(train_config, text_config, tasks, model)
+    return tasks, run, params
+
+
+def test_the_loss_mask_covers_only_the_assistant_tokens(toolworld_model, grpo_text_run, tmp_path):
+    """The loss mask of a played batch is its assistant tokens, and a run's first update
+    (a one-update run of the same config) plays that very batch."""
+    _, run, params = grpo_text_run
     episodes, trajectory = text_train.play_batch(run, params, 0)
     assert_loss_mask_on_assistant_tokens(trajectory, episodes)
     assert len({tuple(e.tokens[: len(e.turns[0].obs)]) for e in episodes}) == 1  # one task.
-    # The run's first update plays this very batch.
-    rows = _run(config, tmp_path / "w", toolworld_model)
+    rows = _run(_config(num_updates=1), tmp_path / "w", toolworld_model)
     assert rows[0]["tokens_generated"] == float(np.sum(np.asarray(trajectory.loss_mask)))
 
 
@@ -406,18 +414,20 @@ def test_mixed_precision_keeps_small_steps_that_bfloat16_weights_lose(toolworld_
     print(f"weights changed by one step: {mixed:.4f} mixed, {narrow:.4f} bfloat16 parameters")
 
 
-def test_heldout_evaluation_plays_fixed_heldout_tasks_sampled_and_greedy(toolworld_model, tmp_path):
+def test_heldout_evaluation_plays_fixed_heldout_tasks_sampled_and_greedy(
+    toolworld_model, grpo_text_run, tmp_path
+):
+    """Held-out evaluation plays the same held-out worlds each time, sampled and greedy,
+    and a run with `eval.every=1` logs both after every update."""
     config = _config()
     config.eval.update(every=1, episodes=2, tasks="heldout")
-    train_config, text_config, tasks = hf_agent.build(config, "toolworld_text")
+    tasks, run, params = grpo_text_run  # the evaluation settings do not enter the run.
     evaluation = EvalConfig(every=1, episodes=2, tasks="heldout")
     eval_tasks = text_train.eval_task_list(tasks, evaluation)
     assert [make_env.args[0].task_split for make_env, _ in eval_tasks] == ["heldout"] * 2
     assert eval_tasks[0][1] != eval_tasks[1][1]  # two worlds ...
     again = text_train.eval_task_list(tasks, evaluation)
     assert [seed for _, seed in again] == [seed for _, seed in eval_tasks]  # ... always those.
-    model = text_train.check_model(str(toolworld_model), tasks.tools)
-    run, params = text_train.make_text_run(train_config, text_config, tasks, model)
     first, second = (text_train.evaluate_text(run, params, eval_tasks) for _ in range(2))
     first.pop("eval_s"), second.pop("eval_s")
     assert first == second and first["eval_sampled_entropy"] > 0
