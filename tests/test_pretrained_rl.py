@@ -5,6 +5,9 @@ tests/test_hf_agent.py train for real)."""
 import csv
 import json
 import os
+import shutil
+import subprocess
+import threading
 
 import ml_collections
 import numpy as np
@@ -120,3 +123,35 @@ def test_bad_seeds_and_another_config_are_refused(tmp_path, fake_trainer):
     with pytest.raises(ValueError, match="start.json was computed under another config"):
         pretrained_rl.run(other, workdir, resume=True)
     assert [seed for seed, _ in fake_trainer["runs"]] == [0]
+
+
+def test_processes_sharing_a_folder_evaluate_the_start_once(tmp_path, fake_trainer, monkeypatch):
+    """A process that finds another live process's start.json.lock waits for start.json and
+    evaluates nothing; a lock left by a dead process is taken over."""
+    monkeypatch.setattr(pretrained_rl, "LOCK_POLL_S", 0.05)
+    first = str(tmp_path / "first")
+    pretrained_rl.run(_config([0]), first, progress=False)
+    assert fake_trainer["start"] == 1 and not os.path.exists(os.path.join(first, "start.json.lock"))
+
+    workdir = tmp_path / "shared"
+    workdir.mkdir()
+    sleeper = subprocess.Popen(["sleep", "30"])  # another live process holds the lock.
+    try:
+        (workdir / "start.json.lock").write_text(str(sleeper.pid))
+        later = threading.Timer(
+            0.3, shutil.copy, (os.path.join(first, "start.json"), workdir / "start.json")
+        )
+        later.start()
+        pretrained_rl.run(_config([1]), str(workdir), resume=True, progress=False)
+        later.join()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert fake_trainer["start"] == 1  # waited for the holder's start.json.
+    assert (workdir / "start.json.lock").read_text() == str(sleeper.pid)  # not ours to remove.
+
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    (stale / "start.json.lock").write_text(str(sleeper.pid))  # its process has ended.
+    pretrained_rl.run(_config([2]), str(stale), resume=True, progress=False)
+    assert fake_trainer["start"] == 2 and not (stale / "start.json.lock").exists()

@@ -39,6 +39,7 @@ from rlagent.host import provenance
 from rlagent.host.workdir import prepare_workdir
 
 MODES = ("sampled", "greedy")
+LOCK_POLL_S = 5.0  # how often a process waiting for another's start evaluation looks.
 COLUMNS = (
     "seed",
     "update",
@@ -96,23 +97,63 @@ def run(
 
 def _start(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     """`start.json`: the checkpoint's evaluation as loaded, computed once per folder (its
-    agent config, seed aside, must be the one stored)."""
+    agent config, seed aside, must be the one stored). Processes sharing the folder take
+    turns (on one machine): the one that creates `start.json.lock` evaluates, the others wait
+    for the file (a lock whose process has died is taken over), so every seed is paired with
+    the one start."""
     path = os.path.join(workdir, "start.json")
     agent = {k: v for k, v in config.agent.to_dict().items() if k != "seed"}
     wanted = json.loads(
         json.dumps({"model_dir": config.model_dir, "env": config.env, "agent": agent}, default=list)
     )
+    while not os.path.exists(path) and not _lock(path + ".lock"):
+        time.sleep(LOCK_POLL_S)
     if os.path.exists(path):
         with open(path) as f:
             stored = json.load(f)
         if stored["config"] != wanted:
             raise ValueError(f"{path} was computed under another config; use a new --workdir.")
+        _unlock(path + ".lock")
         return stored["eval"]
-    evaluation = hf_agent.evaluate_start(config.agent, model_dir=config.model_dir, env=config.env)
-    with open(path + ".tmp", "w") as f:
-        json.dump({"config": wanted, "eval": evaluation}, f, indent=2)
-    os.replace(path + ".tmp", path)
+    try:
+        evaluation = hf_agent.evaluate_start(
+            config.agent, model_dir=config.model_dir, env=config.env
+        )
+        with open(path + ".tmp", "w") as f:
+            json.dump({"config": wanted, "eval": evaluation}, f, indent=2)
+        os.replace(path + ".tmp", path)
+    finally:
+        _unlock(path + ".lock")
     return evaluation
+
+
+def _lock(path: str) -> bool:
+    """Creates `path` holding this process's id; False while another live process holds
+    it (a lock left by a dead process is removed, and the next call may take it)."""
+    try:
+        descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        try:
+            with open(path) as f:
+                holder = int(f.read() or 0)
+            os.kill(holder, 0)  # raises when no such process exists.
+        except (ProcessLookupError, ValueError, FileNotFoundError):
+            _unlock(path, mine_only=False)
+        return False
+    with os.fdopen(descriptor, "w") as f:
+        f.write(str(os.getpid()))
+    return True
+
+
+def _unlock(path: str, mine_only: bool = True) -> None:
+    """Removes the lock at `path` (only this process's own unless `mine_only` is False)."""
+    try:
+        with open(path) as f:
+            holder = f.read()
+        if not mine_only or holder == str(os.getpid()):
+            os.remove(path)
+    except FileNotFoundError:
+        pass
 
 
 def _csv_rows(folder: str) -> list[dict[str, str]]:
