@@ -161,7 +161,7 @@ class ChatFormat:
     def render(self, messages: Sequence[Message], *, generation_prompt: bool) -> list[int]:
         """The template's token ids of `messages` (and the assistant header if asked)."""
         text = self.render_text(messages, generation_prompt=generation_prompt)
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return self.encode(text)
 
     def rendering(
         self, messages: Sequence[Message], *, generation_prompt: bool, after: Rendering = EMPTY
@@ -175,7 +175,7 @@ class ChatFormat:
 
     def _tokenize(self, text: str, after: Rendering) -> Rendering:
         if not self.cut_ids:
-            return Rendering(text, list(self.tokenizer.encode(text, add_special_tokens=False)))
+            return Rendering(text, self.encode(text))
         char, token = after.cut if text.startswith(after.text) else (0, 0)
         tail = text[char:]
         encoded = self.tokenizer(tail, add_special_tokens=False, return_offsets_mapping=True)
@@ -186,7 +186,7 @@ class ChatFormat:
                 cut = (char + encoded["offset_mapping"][index][0], token + index)
                 break
         if self.check_tails:
-            whole = list(self.tokenizer.encode(text, add_special_tokens=False))
+            whole = self.encode(text)
             if whole != ids:
                 at = _first_difference(ids, whole)
                 raise AssertionError(
@@ -200,6 +200,10 @@ class ChatFormat:
         if token_id not in self.cut_ids:
             return False
         return text[span[0] : span[1]] == self.tokenizer.convert_ids_to_tokens(token_id)
+
+    def encode(self, text: str) -> list[int]:
+        """The tokenizer's ids of `text`, no special tokens added (the template's own)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of generated ids, special tokens kept (what the environment reads)."""

@@ -112,7 +112,7 @@ def answer_ids(chat: ChatFormat, yes: str, no: str) -> tuple[int, int]:
     """The token ids of the two answers; each must be one token, and they must differ."""
     ids = []
     for name, word in (("yes", yes), ("no", no)):
-        encoded = list(chat.tokenizer.encode(word, add_special_tokens=False))
+        encoded = chat.encode(word)
         if len(encoded) != 1:
             raise ChatTemplateError(
                 f"the LM judge's {name}={word!r} is {len(encoded)} tokens of this tokenizer; "

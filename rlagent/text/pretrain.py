@@ -259,7 +259,7 @@ def transcripts(loop: TextLoop, plays: list[Script]) -> list[tuple[np.ndarray, n
         for text in script.texts:
             if episode.over:
                 break
-            ids = [*loop.chat.tokenizer.encode(text, add_special_tokens=False), loop.chat.end_id]
+            ids = [*loop.chat.encode(text), loop.chat.end_id]
             loop.advance(episode, ids, [0.0] * len(ids))
         if any(episode.loss_mask):  # a first prompt longer than the sizes gives none.
             out.append((np.asarray(episode.tokens, np.int32), np.asarray(episode.loss_mask)))
