@@ -37,6 +37,7 @@ from rlagent.analysis import report
 from rlagent.analysis import stats
 from rlagent.host import provenance
 from rlagent.host.workdir import prepare_workdir
+from rlagent.host.writers import MetricWriter
 
 MODES = ("sampled", "greedy")
 LOCK_POLL_S = 5.0  # how often a process waiting for another's start evaluation looks.
@@ -71,7 +72,7 @@ def run(
     start = _start(config, workdir)
     for seed in seeds:
         folder = os.path.join(workdir, f"seed_{seed}")
-        if len(_csv_rows(folder)) >= config.agent.train.num_updates:
+        if len(_rows(folder)) >= config.agent.train.num_updates:
             continue  # finished (by this process earlier, or another one).
         agent = ml_collections.ConfigDict(config.agent.to_dict())
         agent.seed = seed
@@ -156,12 +157,10 @@ def _unlock(path: str, mine_only: bool = True) -> None:
         pass
 
 
-def _csv_rows(folder: str) -> list[dict[str, str]]:
-    path = os.path.join(folder, "metrics.csv")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return list(csv.DictReader(f))
+def _rows(folder: str) -> list[dict[str, Any]]:
+    """The metric rows of a seed's run folder (`metrics.csv`, or a committed result's
+    `metrics.csv.xz`; [] when it has none)."""
+    return MetricWriter(folder, tensorboard=False).read()
 
 
 def _finished(workdir: str, num_updates: int) -> dict[int, dict[str, Any]]:
@@ -172,7 +171,7 @@ def _finished(workdir: str, num_updates: int) -> dict[int, dict[str, Any]]:
         if not name.startswith("seed_"):
             continue
         folder = os.path.join(workdir, name)
-        rows = _csv_rows(folder)
+        rows = _rows(folder)
         if len(rows) < num_updates:
             continue
         turns, evals = 0.0, []
@@ -259,20 +258,9 @@ def markdown(summary: Mapping[str, Any]) -> str:
 
 
 def _plot(rows: list[dict[str, Any]], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     curves = [
         {**row, "condition": mode, "success": row[f"eval_{mode}_success"]}
         for mode in MODES
         for row in rows
     ]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    report.draw_curves(ax, curves, smooth=1, band="ci95")
-    ax.set_ylabel("held-out success")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    report.plot_curves(curves, path, title="held-out success", smooth=1, band="ci95")

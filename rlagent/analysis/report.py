@@ -338,16 +338,17 @@ def plot_curves(
     title: str = "",
     smooth: int = 5,
     experience: str = "env_turns_total",
+    band: str = "minmax",
 ) -> None:
     """Plots `metric` vs experience (`experience`, see `summarize`): mean over seeds and
-    min-max band per condition (`draw_curves`)."""
+    a band per condition (`draw_curves`: "minmax" or "ci95")."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    draw_curves(ax, rows, metric=metric, smooth=smooth, experience=experience)
+    draw_curves(ax, rows, metric=metric, smooth=smooth, experience=experience, band=band)
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
