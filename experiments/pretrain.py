@@ -24,7 +24,6 @@ from absl import flags
 
 from experiments import launch
 from rlagent.text.pretrain import PretrainConfig
-from rlagent.text.pretrain import check_workdir
 from rlagent.text.pretrain import pretrain
 
 
@@ -68,10 +67,8 @@ def main(argv):
     if not workdir:
         sys.exit("error: --workdir is required")
 
-    def run():
-        config = config_from_flags(flags.FLAGS)
-        check_workdir(workdir)
-        return pretrain(config, workdir)
+    def run():  # pretrain refuses a non-empty workdir before anything else.
+        return pretrain(config_from_flags(flags.FLAGS), workdir)
 
     result = launch.run_reported(run)
     print(f"wrote {workdir}/model: {result['parameters']} parameters, stopped at step "
