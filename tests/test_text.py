@@ -20,12 +20,12 @@ import pytest
 from flax import nnx
 from text_helpers import CHATML
 from text_helpers import play_staggered
+from text_helpers import scripted_generation
 from text_helpers import tiny_text_policy
 from text_helpers import tiny_tokenizer
 
 from rlagent.models import PolicyConfig
 from rlagent.models import ValueLM
-from rlagent.models.sampler import Generation
 from rlagent.text import ChatTemplateError
 from rlagent.text import TextConfig
 from rlagent.text import check_vocab
@@ -358,12 +358,7 @@ def _scripted(chat, calls):
     calls = iter(calls)
 
     def sample(params, prompts, valid, keys):
-        tokens = np.full((len(keys), CONFIG.max_new_tokens), chat.pad_id, np.int32)
-        mask = np.zeros(tokens.shape, bool)
-        for row, text in enumerate(next(calls)):
-            ids = chat.tokenizer.encode(text, add_special_tokens=False) + [chat.end_id]
-            tokens[row, : len(ids)], mask[row, : len(ids)] = ids, True
-        return Generation(tokens, np.where(mask, -0.5, 0.0).astype(np.float32), mask)
+        return scripted_generation(chat, next(calls), len(keys), CONFIG.max_new_tokens)
 
     return sample
 

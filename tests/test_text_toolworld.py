@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from test_envs_reference import _mixed_action
 from text_helpers import assert_loss_mask_on_assistant_tokens
+from text_helpers import scripted_generation
 from text_helpers import tiny_text_policy
 from text_helpers import tiny_tokenizer
 
@@ -27,7 +28,6 @@ from rlagent.envs.toolworld import ToolWorld
 from rlagent.envs.toolworld import ToolWorldConfig
 from rlagent.envs.toolworld import dsl
 from rlagent.envs.toolworld import oracle_policy
-from rlagent.models.sampler import Generation
 from rlagent.text import TextConfig
 from rlagent.text import ToolWorldText
 from rlagent.text import make_chat
@@ -334,15 +334,8 @@ def _oracle_sampler(chat, episodes, length):
     """A sampler that writes the ToolWorld oracle's call (then END) for every live episode."""
 
     def sample(params, prompts, valid, keys):
-        tokens = np.full((len(keys), length), chat.pad_id, np.int32)
-        mask = np.zeros(tokens.shape, bool)
-        for row, episode in enumerate(episodes):
-            if not episode.over:
-                world, state = episode.env.world, episode.env.state
-                text = tool_call_text(*world.parse(world.oracle(state)))
-                ids = chat.tokenizer.encode(text, add_special_tokens=False) + [chat.end_id]
-                tokens[row, : len(ids)], mask[row, : len(ids)] = ids, True
-        return Generation(tokens, np.where(mask, -0.5, 0.0).astype(np.float32), mask)
+        texts = [None if episode.over else episode.env.oracle_text() for episode in episodes]
+        return scripted_generation(chat, texts, len(keys), length)
 
     return sample
 

@@ -100,17 +100,25 @@ def tiny_text_policy(chat):
     return policy_config, graphdef, params
 
 
+def scripted_generation(chat, texts, rows, length):
+    """The `Generation` of one sampled turn of `rows` rows of `length` slots: row i writes
+    `texts[i]` then END (nothing for None or past the texts), log-prob -0.5 a token."""
+    tokens = np.full((rows, length), chat.pad_id, np.int32)
+    mask = np.zeros(tokens.shape, bool)
+    for row, text in enumerate(texts):
+        if text is not None:
+            ids = chat.encode(text) + [chat.end_id]
+            tokens[row, : len(ids)], mask[row, : len(ids)] = ids, True
+    return Generation(tokens, np.where(mask, -0.5, 0.0).astype(np.float32), mask)
+
+
 def scripted_sampler(chat, texts, max_new_tokens):
     """A sampler that writes `texts[i]` (then END) in every row at its i-th call (the
     re-prefill engine's `sample`: a TextLoop without a model, `cached=None`)."""
     texts = iter(texts)
 
     def sample(params, prompts, valid, keys):
-        ids = chat.tokenizer.encode(next(texts), add_special_tokens=False) + [chat.end_id]
-        tokens = np.full((len(keys), max_new_tokens), chat.pad_id, np.int32)
-        mask = np.zeros(tokens.shape, bool)
-        tokens[:, : len(ids)], mask[:, : len(ids)] = ids, True
-        return Generation(tokens, np.where(mask, -0.5, 0.0).astype(np.float32), mask)
+        return scripted_generation(chat, [next(texts)] * len(keys), len(keys), max_new_tokens)
 
     return sample
 
