@@ -16,7 +16,7 @@ from absl import app
 from experiments import launch
 from experiments.studies import curriculum
 
-_FLAGS = launch.define_flags("curriculum")
+_FLAGS = launch.define_flags("curriculum", distributed=True)
 
 
 def main(argv):

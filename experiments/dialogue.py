@@ -26,7 +26,7 @@ from absl import app
 from experiments import launch
 from experiments.studies import dialogue
 
-_FLAGS = launch.define_flags("dialogue")
+_FLAGS = launch.define_flags("dialogue", distributed=True)
 
 
 def main(argv):

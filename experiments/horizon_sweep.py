@@ -23,7 +23,7 @@ from absl import flags
 from experiments import launch
 from experiments.studies import horizon_sweep
 
-_FLAGS = launch.define_flags("horizon_sweep")
+_FLAGS = launch.define_flags("horizon_sweep", distributed=True)
 _REPORT_ONLY = flags.DEFINE_bool(
     "report_only",
     False,

@@ -120,17 +120,18 @@ def is_primary() -> bool:
 
 
 def sync(name: str) -> None:
-    """Waits until every process has reached `sync(name)` (nothing in one process): a
-    barrier of the coordination service, which waits without spinning a device."""
-    if jax.process_count() > 1:
+    """Waits until every process has reached `sync(name)` (nothing in one process, or in
+    process 0 alone inside `primary_decides`): a barrier of the coordination service,
+    which waits without spinning a device."""
+    if jax.process_count() > 1 and not _alone:
         _client().wait_at_barrier(_unique(name), WAIT_S * 1000)
 
 
 def broadcast(value: Any) -> Any:
     """Process 0's `value` (anything `json` writes) on every process, through the
     coordination service's key-value store (the others block on it without spinning);
-    `value` itself in a single-process run."""
-    if jax.process_count() == 1:
+    `value` itself in a single-process run (or in process 0 alone, `primary_decides`)."""
+    if jax.process_count() == 1 or _alone:
         return value
     key, client = _unique("broadcast"), _client()
     if is_primary():
@@ -142,6 +143,8 @@ def broadcast(value: Any) -> Any:
 # How long a process waits for process 0 (a report of a large study, a slow disk).
 WAIT_S = 6 * 3600
 _calls = itertools.count()
+# Non-empty while process 0 runs a `primary_decides` alone (the others wait for it).
+_alone: list[bool] = []
 
 
 def _unique(name: str) -> str:
@@ -165,13 +168,20 @@ def primary_decides(decide: Any, *, errors: tuple[type[Exception], ...] = ()) ->
     """`decide()` run by process 0 alone and its result (anything `json` writes) returned
     on every process, the others waiting for it. When it raises, process 0 raises its
     error and every other process the same type (the first of `errors` it is an instance
-    of; RuntimeError otherwise) with the same message. In one process: `decide()`."""
-    if jax.process_count() == 1:
+    of; RuntimeError otherwise) with the same message. In one process: `decide()`.
+    Inside `decide` process 0 is alone: a `primary_decides`, `broadcast` or `sync` there
+    (a study that prepares its own workdir, run by process 0 for all) talks to no other
+    process."""
+    if jax.process_count() == 1 or _alone:
         return decide()
     outcome, raised = None, None
     if is_primary():
         try:
-            outcome = {"value": decide()}
+            _alone.append(True)
+            try:
+                outcome = {"value": decide()}
+            finally:
+                _alone.pop()
             json.dumps(outcome, default=_plain)  # a value `broadcast` cannot send fails here.
         except Exception as error:  # noqa: BLE001 - raised again below, on every process.
             kinds = [i for i, kind in enumerate(errors) if isinstance(error, kind)]

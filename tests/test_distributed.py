@@ -202,3 +202,76 @@ def test_bad_process_flags_are_refused_naming_the_flag():
     parallel.initialize_distributed()  # nothing given: one process, nothing to join.
     assert jax.process_count() == 1 and parallel.is_primary()
     assert parallel.primary_decides(lambda: 3) == 3 and parallel.broadcast([1]) == [1]
+
+
+# Two processes running the dialogue study (its credit part is a study that prepares its
+# own workdir, run by process 0 alone inside `primary_decides`) and the curriculum (host
+# decisions from the metrics of a mesh run) on the smallest configs, each on the global
+# mesh; every process prints the summaries it got.
+STUDIES = """
+import json, os, sys
+sys.path.insert(0, {root!r})
+from absl import flags
+from rlagent import parallel
+parallel.define_distributed_flags()
+flags.FLAGS(sys.argv[:1] + sys.argv[2:])
+parallel.maybe_initialize_distributed()
+from experiments.configs import curriculum as curriculum_config
+from experiments.configs import dialogue as dialogue_config
+from experiments.studies import curriculum, dialogue
+d = dialogue_config.get_config()
+d.update(dict(seeds=1, chunk_size=1, conditions="dialogue"))
+d.train.update(num_updates=1, num_groups=2, group_size=2, num_minibatches=1)
+d.feedback.rates, d.feedback.noises = "0.3", "0.2"
+d.credit.update(horizons="3", policies="prover_0.5", estimators="gae_turn", rewards="outcome",
+                seeds=1, num_groups=1, group_size=2, num_samples=2)
+c = curriculum_config.get_config()
+c.update(dict(stages="l1,l2", seeds=1, schedules="success"))
+c.train.update(num_updates=2, num_groups=2, group_size=2, num_minibatches=1)
+c.curriculum.every, c.eval.every, c.eval.episodes = 1, 2, 2
+mesh = parallel.data_mesh(None)
+summaries = {{
+    name: study.run(config, os.path.join(sys.argv[1], name), mesh=mesh, progress=False)
+    for name, study, config in [("dialogue", dialogue, d), ("curriculum", curriculum, c)]
+}}
+parallel.sync("after the studies")  # the processes' calls to the coordinator still pair up.
+print(json.dumps(summaries, default=float, sort_keys=True))
+"""
+
+
+@pytest.mark.slow
+def test_dialogue_and_curriculum_on_two_processes_write_once_and_agree(tmp_path):
+    script = STUDIES.format(root=ROOT)
+    results = finish(start_local(["-c", script, str(tmp_path)], processes=2, devices=1))
+    _check_exits(results, 0)
+    first, second = (json.loads(out.strip().splitlines()[-1]) for _, out, _ in results)
+    assert first == second  # process 1 got process 0's summaries.
+    assert set(first["dialogue"]) == {"rewards", "feedback", "credit"}
+    assert first["dialogue"]["credit"]["outcome"]["prover_0.5"]["gae_turn"]["3"]["spearman"]
+    assert set(first["curriculum"]["stage_reached"]) == {"success"}
+    _assert_one_writer(tmp_path / "curriculum", {"metrics.csv", "success/metrics.csv"})
+    assert len(_rows(tmp_path / "curriculum" / "metrics.csv")) == 2  # updates (one seed)
+    _assert_one_writer(tmp_path / "dialogue", {"metrics.csv", "rewards/metrics.csv"})
+    assert os.path.exists(tmp_path / "dialogue" / "credit" / "summary.json")
+
+
+def test_process_zero_alone_inside_primary_decides_leaves_the_others_in_step(tmp_path):
+    """Nested `primary_decides`, `broadcast` and `sync` inside process 0's decision talk to
+    no other process, so the calls both processes make afterwards still pair up."""
+    script = f"""
+import sys
+sys.path.insert(0, {ROOT!r})
+from absl import flags
+from rlagent import parallel
+parallel.define_distributed_flags()
+flags.FLAGS(sys.argv)
+parallel.maybe_initialize_distributed()
+def alone():
+    parallel.sync("inside")
+    return parallel.primary_decides(lambda: 1) + parallel.broadcast(2)
+print(parallel.primary_decides(alone), parallel.broadcast(parallel.is_primary() and 7))
+"""
+    # Out of step, process 1 would wait for a key process 0 never sets: a timeout here.
+    results = finish(start_local(["-c", script], processes=2, devices=1), timeout=120)
+    _check_exits(results, 0)
+    assert [out.split() for _, out, _ in results] == [["3", "7"], ["3", "7"]]

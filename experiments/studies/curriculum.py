@@ -29,12 +29,14 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import ml_collections
 import numpy as np
 
 from experiments.studies import common
 from experiments.studies import rs_sft
 from experiments.studies.sections import make
+from rlagent import parallel
 from rlagent.analysis import report
 from rlagent.analysis import stats
 from rlagent.envs.toolworld.types import Progress
@@ -54,9 +56,12 @@ def run(
     *,
     resume: bool = False,
     overwrite: bool = False,
+    mesh: jax.sharding.Mesh | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Trains every schedule (seeds in parallel) and writes the report into `workdir`."""
+    """Trains every schedule (seeds in parallel) and writes the report into `workdir`.
+    `mesh`: the episodes of every batch are split over its devices, which may span
+    processes (docs/distributed.md); process 0 writes the report."""
     common.check_counts(config, common.RUN_COUNTS)
     stages = common.names(config.stages, "stages", "stage")
     schedules = common.names(config.schedules, "schedules", "schedule")
@@ -85,10 +90,12 @@ def run(
             setup.train_config, mixture, setup.policy_config, setup.rollout_config,
             evaluation=setup.eval_config, seeds=seeds, workdir=folder,
             chunk_size=config.chunk_size, resume=resume, overwrite=overwrite,
-            progress=progress, curriculum=scheduler,
+            progress=progress, curriculum=scheduler, mesh=mesh,
         )  # fmt: skip
         rows += [{**row, "condition": schedule} for row in run_rows]
-    summary = write_report(rows, stages, workdir, title=config.get("title", ""))
+    summary = parallel.primary_decides(
+        lambda: write_report(rows, stages, workdir, title=config.get("title", ""))
+    )  # process 0 writes, the others wait for its summary.
     wall = round(time.time() - start, 1)
     provenance.write(workdir, provenance.finish({**record, "wall_s": wall}))
     return summary

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import ml_collections
 
 from experiments.studies import common
@@ -37,6 +38,7 @@ from experiments.studies import credit_accuracy
 from experiments.studies.common import Run
 from experiments.studies.common import floats
 from experiments.studies.common import names
+from rlagent import parallel
 from rlagent.analysis import report
 from rlagent.host import provenance
 
@@ -62,9 +64,13 @@ def run(
     *,
     resume: bool = False,
     overwrite: bool = False,
+    mesh: jax.sharding.Mesh | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Runs the parts of `config.parts` into `workdir`; returns the summary of each part."""
+    """Runs the parts of `config.parts` into `workdir`; returns the summary of each part.
+    `mesh`: the training parts split every batch's episodes over its devices, which may
+    span processes (docs/distributed.md); the credit part (a frozen policy's Monte-Carlo
+    continuations) runs on process 0 while the others wait, and process 0 writes."""
     start = time.time()
     parts = _parts(config)
     runs = training_runs(config, parts)
@@ -73,10 +79,16 @@ def run(
     summary = common.run_and_report(
         runs, config, workdir=workdir, resume=resume, overwrite=overwrite, title=TITLE,
         progress=progress, write_report=functools.partial(write_report, config=config),
+        mesh=mesh,
     )  # fmt: skip
     if "credit" in parts:
-        summary["credit"] = _credit(config.credit, os.path.join(workdir, "credit"), resume)
-        _write_summary(summary, workdir)
+
+        def credit() -> dict[str, Any]:
+            done = _credit(config.credit, os.path.join(workdir, "credit"), resume)
+            _write_summary({**summary, "credit": done}, workdir)
+            return done
+
+        summary["credit"] = parallel.primary_decides(credit)  # the others wait for it.
     record = provenance.own(workdir, config.to_dict())
     provenance.write(
         workdir, provenance.finish({**record, "wall_s": round(time.time() - start, 1)})

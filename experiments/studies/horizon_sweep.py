@@ -45,6 +45,7 @@ from experiments.studies.envs import horizon_env
 from experiments.studies.envs import horizon_section
 from experiments.studies.envs import study_kind
 from experiments.studies.sections import make
+from rlagent import parallel
 from rlagent.analysis import paired
 from rlagent.analysis import report
 from rlagent.analysis import stats
@@ -141,6 +142,7 @@ def run(
     *,
     resume: bool = False,
     overwrite: bool = False,
+    mesh: jax.sharding.Mesh | None = None,
     progress: bool = True,
     report_only: bool = False,
 ) -> dict[str, Any]:
@@ -149,11 +151,14 @@ def run(
     A non-empty `workdir` needs `resume` (continue; the config must match the stored one)
     or `overwrite`. A diverged run is reported and `loop.Diverged` raised at the end.
     `report_only` only rewrites the report of a finished sweep (`write_report`).
+    `mesh`: every batch's episodes are split over its devices, which may span processes
+    (docs/distributed.md); the warm start (a few cloning steps) runs in every process,
+    and process 0 writes the reports.
     """
     if report_only:
         if not MetricWriter(workdir, tensorboard=False, filename="horizon.csv").read():
             raise ValueError(f"--report_only: {workdir} holds no finished sweep (horizon.csv).")
-        return write_report(workdir, config)
+        return parallel.primary_decides(lambda: write_report(workdir, config))
     plans = plan(config)
     resuming = common.prepare(workdir, config, resume=resume, overwrite=overwrite)
     start = time.time()
@@ -172,7 +177,7 @@ def run(
             summary = common.run_and_report(
                 runs, config, workdir=folder, resume=resume, overwrite=overwrite,
                 title=f"{env_kinds.title(runs[0].config.env)}, horizon {horizon} turns",
-                progress=progress,
+                progress=progress, mesh=mesh,
                 initial_params=initial, initial_params_config=initial_config,
             )  # fmt: skip
         except loop.Diverged as error:  # reported; its rows still summarise the seeds
@@ -184,7 +189,7 @@ def run(
     writer = MetricWriter(workdir, tensorboard=False, filename="horizon.csv")
     writer.clear()
     writer.write(rows)
-    summary = write_report(workdir, config)
+    summary = parallel.primary_decides(lambda: write_report(workdir, config))
     provenance.write(workdir, {**record, "wall_s": round(time.time() - start, 1)})
     if diverged:
         raise loop.Diverged(" ".join(diverged), rows)
