@@ -57,7 +57,6 @@ from rlagent.pipeline.rejection import best_of_n
 from rlagent.pipeline.warm_start import WarmStartConfig
 from rlagent.pipeline.warm_start import make_sft
 from rlagent.pipeline.warm_start import oracle_demonstrations
-from rlagent.train.evaluation import make_evaluate
 from rlagent.train.ppo import make_train
 
 SFT_STREAM = 0x5F7  # folded into a seed's key for its SFT phase (the RL keys stay as they are).
@@ -207,13 +206,11 @@ def _train_family(config, name, sft_config, rejection, *, workdir, resume, overw
     )
     seeds = list(range(config.first_seed, config.first_seed + config.seeds))
     keys = jnp.stack([jax.random.PRNGKey(s) for s in seeds])
-    evaluate = jax.jit(
-        jax.vmap(
-            make_evaluate(
-                setup.env, trainer.graphdef, setup.rollout_config,
-                num_episodes=setup.eval_config.episodes,
-            )
-        )
+    # The program loop.run evaluates with (its held-out tasks, `config.eval.tasks`).
+    evaluation = setup.eval_config
+    evaluate = loop.held_out_evaluator(
+        setup.train_config, setup.env, setup.policy_config, setup.rollout_config,
+        dataclasses.replace(evaluation, every=evaluation.every or evaluation.episodes),
     )  # fmt: skip
     start, base_turns = _base_policy(config, setup, trainer, sft_config, keys)
     rows, heads, programs = [], {}, {}

@@ -78,8 +78,8 @@ from rlagent.train.rewards import reward_weights
 __all__ = [
     "CHECKPOINT_FIELDS", "RESUMABLE_FIELDS", "CheckpointConfig", "Diverged", "RunError",
     "RunFiles", "check_arguments", "check_finite", "checkpoint_manager", "clear_compiled",
-    "clear_compiled_if_crowded", "open_run", "quiet_closed_loops", "resume_state", "run",
-    "run_files", "save_start", "save_state", "wait_for_saves",
+    "clear_compiled_if_crowded", "held_out_evaluator", "open_run", "quiet_closed_loops",
+    "resume_state", "run", "run_files", "save_start", "save_state", "wait_for_saves",
 ]  # fmt: skip
 
 
@@ -698,6 +698,22 @@ def _add_evaluation(new_rows, runs, metrics) -> None:
         for name in names:
             evaluated = values is not None and row["update"] == last_update and name in values
             row[name] = float(values[name][i]) if evaluated else float("nan")
+
+
+def held_out_evaluator(
+    config: TrainConfig,
+    env: Any,
+    policy_config: Any,
+    rollout_config: Any,
+    evaluation: EvalConfig,
+) -> Any:
+    """The `jit(vmap(evaluate))` that `run` evaluates its runs' parameters `[runs]` with
+    (for a one-device run of the same arguments): a study that also evaluates its
+    starting policies shares the compiled program. `evaluation.every` must be > 0."""
+    if not evaluation.every:
+        raise ValueError("held_out_evaluator: evaluation.every is 0 (no evaluation).")
+    trainer = _trainer(config, env, policy_config, rollout_config, None)
+    return _evaluator(trainer, env, rollout_config, evaluation)
 
 
 @functools.lru_cache(maxsize=16)
