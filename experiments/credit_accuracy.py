@@ -20,7 +20,7 @@ from absl import app
 from experiments import launch
 from experiments.studies import credit_accuracy
 
-_FLAGS = launch.define_flags("credit_accuracy")
+_FLAGS = launch.define_flags("credit_accuracy", multi_process=True)
 
 
 def main(argv):

@@ -20,7 +20,7 @@ from absl import flags
 from experiments import launch
 from experiments.studies import critic_factorial
 
-_FLAGS = launch.define_flags("critic_factorial")
+_FLAGS = launch.define_flags("critic_factorial", distributed=True)
 _REPORT_ONLY = flags.DEFINE_bool(
     "report_only",
     False,

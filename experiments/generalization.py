@@ -23,7 +23,7 @@ from absl import app
 from experiments import launch
 from experiments.studies import generalization
 
-_FLAGS = launch.define_flags("generalization")
+_FLAGS = launch.define_flags("generalization", distributed=True)
 
 
 def main(argv):

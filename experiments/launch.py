@@ -165,9 +165,8 @@ def start_processes(launcher: LauncherFlags) -> None:
     if jax.process_count() > 1 and not launcher.multi_process:
         raise ValueError(
             f"experiments.{launcher.name} runs in one process; --num_processes / "
-            "--coordinator_address / --distributed are for the launchers that docs/"
-            "distributed.md lists (the main experiment, process_rewards, dialogue, "
-            "horizon_sweep, curriculum, hf_agent)."
+            "--coordinator_address / --distributed are for the launchers that "
+            "docs/distributed.md lists as running over several processes."
         )
 
 

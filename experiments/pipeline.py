@@ -18,7 +18,7 @@ from absl import flags
 from experiments import launch
 from experiments.studies import rs_sft
 
-_FLAGS = launch.define_flags("rs_sft")
+_FLAGS = launch.define_flags("rs_sft", distributed=True)
 _REPORT_ONLY = flags.DEFINE_bool(
     "report_only",
     False,

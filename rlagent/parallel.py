@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -202,6 +203,28 @@ def replicate(tree: Any, mesh: jax.sharding.Mesh) -> Any:
     return jax.tree.map(
         lambda leaf: jax.make_array_from_process_local_data(sharding, np.asarray(leaf)), tree
     )
+
+
+def gather(value: Any) -> list[Any]:
+    """Every process's `value` (anything `json` writes), in process order, on every process
+    (through the coordination service's key-value store); `[value]` in one process, or in
+    process 0 alone inside `primary_decides`."""
+    if jax.process_count() == 1 or _alone:
+        return [value]
+    key, client = _unique("gather"), _client()
+    client.key_value_set(f"{key}/{jax.process_index()}", json.dumps(value, default=_plain))
+    return [
+        json.loads(client.blocking_key_value_get(f"{key}/{i}", WAIT_S * 1000))
+        for i in range(jax.process_count())
+    ]
+
+
+def split(items: Sequence[Any]) -> list[Any]:
+    """This process's items of `items` (every process-count-th, from its index): work
+    that `gather` joins; all of them in one process, or in process 0 alone."""
+    if jax.process_count() == 1 or _alone:
+        return list(items)
+    return list(items)[jax.process_index() :: jax.process_count()]
 
 
 def share(count: int) -> slice:

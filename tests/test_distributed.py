@@ -31,8 +31,10 @@ from test_hf_agent import TIMINGS
 from test_hf_agent import assert_rows_close
 from test_hf_agent import toolworld_model  # noqa: F401 - the tiny checkpoint's fixture.
 
+from experiments.configs import dialogue as dialogue_config
 from experiments.local_processes import finish
 from experiments.local_processes import start_local
+from experiments.studies import credit_accuracy
 from rlagent import parallel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -204,10 +206,15 @@ def test_bad_process_flags_are_refused_naming_the_flag():
     assert parallel.primary_decides(lambda: 3) == 3 and parallel.broadcast([1]) == [1]
 
 
-# Two processes running the dialogue study (its credit part is a study that prepares its
-# own workdir, run by process 0 alone inside `primary_decides`) and the curriculum (host
-# decisions from the metrics of a mesh run) on the smallest configs, each on the global
-# mesh; every process prints the summaries it got.
+# The dialogue study's credit part: two seeds, one measured by each process.
+CREDIT = dict(
+    horizons="3", policies="prover_0.5", estimators="gae_turn", rewards="outcome", seeds=2,
+    num_groups=1, group_size=2, num_samples=2,
+)  # fmt: skip
+
+# Two processes running the dialogue study (its credit part splits its seeds over the
+# processes) and the curriculum (host decisions from the metrics of a mesh run) on the
+# smallest configs, each on the global mesh; every process prints the summaries it got.
 STUDIES = """
 import json, os, sys
 sys.path.insert(0, {root!r})
@@ -223,8 +230,7 @@ d = dialogue_config.get_config()
 d.update(dict(seeds=1, chunk_size=1, conditions="dialogue"))
 d.train.update(num_updates=1, num_groups=2, group_size=2, num_minibatches=1)
 d.feedback.rates, d.feedback.noises = "0.3", "0.2"
-d.credit.update(horizons="3", policies="prover_0.5", estimators="gae_turn", rewards="outcome",
-                seeds=1, num_groups=1, group_size=2, num_samples=2)
+d.credit.update({credit!r})
 c = curriculum_config.get_config()
 c.update(dict(stages="l1,l2", seeds=1, schedules="success"))
 c.train.update(num_updates=2, num_groups=2, group_size=2, num_minibatches=1)
@@ -241,7 +247,9 @@ print(json.dumps(summaries, default=float, sort_keys=True))
 
 @pytest.mark.slow
 def test_dialogue_and_curriculum_on_two_processes_write_once_and_agree(tmp_path):
-    script = STUDIES.format(root=ROOT)
+    """Both exit, hold process 0's summaries, write one set of files; the credit part's
+    seeds, split over the processes and joined, give the rows of one process."""
+    script = STUDIES.format(root=ROOT, credit=CREDIT)
     results = finish(start_local(["-c", script, str(tmp_path)], processes=2, devices=1))
     _check_exits(results, 0)
     first, second = (json.loads(out.strip().splitlines()[-1]) for _, out, _ in results)
@@ -252,12 +260,20 @@ def test_dialogue_and_curriculum_on_two_processes_write_once_and_agree(tmp_path)
     _assert_one_writer(tmp_path / "curriculum", {"metrics.csv", "success/metrics.csv"})
     assert len(_rows(tmp_path / "curriculum" / "metrics.csv")) == 2  # updates (one seed)
     _assert_one_writer(tmp_path / "dialogue", {"metrics.csv", "rewards/metrics.csv"})
-    assert os.path.exists(tmp_path / "dialogue" / "credit" / "summary.json")
+    # The credit rows of the two processes' seeds, joined, equal one process's.
+    config = dialogue_config.get_config().credit
+    config.update(CREDIT)
+    credit_accuracy.run(config, str(tmp_path / "one"))
+    joined = _rows(tmp_path / "dialogue" / "credit" / "credit.csv")
+    assert [row["seed"] for row in joined] == ["0", "1"]
+    assert joined == _rows(tmp_path / "one" / "credit.csv")
 
 
-def test_process_zero_alone_inside_primary_decides_leaves_the_others_in_step(tmp_path):
-    """Nested `primary_decides`, `broadcast` and `sync` inside process 0's decision talk to
-    no other process, so the calls both processes make afterwards still pair up."""
+def test_split_gather_and_process_zero_alone_inside_primary_decides(tmp_path):
+    """`split` deals the items, `gather` joins every process's value in process order;
+    nested `primary_decides`, `broadcast`, `sync`, `split` and `gather` inside process 0's
+    decision talk to no other process (it takes every item), so the calls both processes
+    make afterwards still pair up."""
     script = f"""
 import sys
 sys.path.insert(0, {ROOT!r})
@@ -268,10 +284,25 @@ flags.FLAGS(sys.argv)
 parallel.maybe_initialize_distributed()
 def alone():
     parallel.sync("inside")
-    return parallel.primary_decides(lambda: 1) + parallel.broadcast(2)
-print(parallel.primary_decides(alone), parallel.broadcast(parallel.is_primary() and 7))
+    mine = parallel.split(range(5))
+    return parallel.primary_decides(lambda: 1) + parallel.broadcast(2) + sum(mine)
+print(parallel.primary_decides(alone), parallel.broadcast(parallel.is_primary() and 7),
+      parallel.gather(parallel.split(range(5))))
 """
     # Out of step, process 1 would wait for a key process 0 never sets: a timeout here.
     results = finish(start_local(["-c", script], processes=2, devices=1), timeout=120)
     _check_exits(results, 0)
-    assert [out.split() for _, out, _ in results] == [["3", "7"], ["3", "7"]]
+    every = "13 7 [[0, 2, 4], [1, 3]]"  # process 0 alone took all 5 items (10 + 1 + 2).
+    assert [out.strip() for _, out, _ in results] == [every, every]
+
+
+def test_a_one_process_launcher_refuses_several_naming_the_page(monkeypatch):
+    from experiments import launch
+
+    monkeypatch.setattr(parallel, "maybe_initialize_distributed", lambda: None)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    one = launch.LauncherFlags(None, None, None, None, None, False, name="strategies")
+    with pytest.raises(ValueError, match="experiments.strategies runs in one process.*"
+                       "docs/distributed.md"):  # fmt: skip
+        launch.start_processes(one)
+    launch.start_processes(one._replace(name="credit_accuracy", multi_process=True))

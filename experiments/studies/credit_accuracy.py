@@ -51,6 +51,7 @@ from experiments.studies.common import lm_setup
 from experiments.studies.common import names
 from experiments.studies.envs import horizon_env
 from experiments.studies.envs import study_kind
+from rlagent import parallel
 from rlagent.analysis import report
 from rlagent.analysis.stats import format_mean_ci
 from rlagent.credit import accuracy
@@ -84,7 +85,9 @@ def run(
     auroc_vs_horizon.png, summary.md, summary.json and provenance.json.
 
     A non-empty `workdir` is refused unless `overwrite` (which empties it first); the
-    study keeps no checkpoints, so `resume` is refused.
+    study keeps no checkpoints, so `resume` is refused. In a multi-process run the seeds
+    are split over the processes (`parallel.split`), their rows joined in seed order
+    (`parallel.gather`), and process 0 writes.
     """
     if resume:
         raise refuse_resume("experiments.credit_accuracy")
@@ -98,13 +101,16 @@ def run(
         env = horizon_env(study.kind, horizon, section=config.get("env"))
         for policy_name in study.policies:
             measure = make_measure(env, policy_name, base, config)
-            for seed in range(config.first_seed, config.first_seed + config.seeds):
+            seeds = range(config.first_seed, config.first_seed + config.seeds)
+            mine = {}  # seed -> its rows, this process's seeds
+            for seed in parallel.split(seeds):
                 batch = measure(jax.random.key(seed), weights)
+                mine[seed] = []
                 for (spec, est_config), (r, reward) in _product(
                     study.estimators.items(), study.rewards
                 ):
                     acc = _score(est_config, batch, r, weights[r])
-                    rows.append(
+                    mine[seed].append(
                         dict(
                             policy=policy_name,
                             horizon=horizon,
@@ -116,8 +122,11 @@ def run(
                             turns=float(batch.turns),
                         )
                     )
-            print(f"horizon {horizon} {policy_name}: {time.time() - start:.0f}s", flush=True)
-    return _write_report(rows, workdir, config, start)
+            joined = {int(s): r for part in parallel.gather(mine) for s, r in part.items()}
+            rows += [row for seed in seeds for row in joined[seed]]
+            if parallel.is_primary():
+                print(f"horizon {horizon} {policy_name}: {time.time() - start:.0f}s", flush=True)
+    return parallel.primary_decides(lambda: _write_report(rows, workdir, config, start))
 
 
 # Counts of the config (`common.check_counts`): Monte-Carlo continuations per value and

@@ -45,12 +45,14 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import ml_collections
 import numpy as np
 
 from experiments.studies import common
 from experiments.studies import horizon_sweep
 from experiments.studies.common import names
+from rlagent import parallel
 from rlagent.analysis import paired
 from rlagent.analysis import report
 from rlagent.analysis import stats
@@ -130,10 +132,13 @@ def run(
     *,
     resume: bool = False,
     overwrite: bool = False,
+    mesh: jax.sharding.Mesh | None = None,
     progress: bool = True,
     report_only: bool = False,
 ) -> dict[str, Any]:
     """Runs every critic's sweep (module docstring); returns the summary of `summarize`.
+    `mesh`: each sweep splits its batches' episodes over it (`horizon_sweep.run`), and
+    process 0 writes the report.
 
     A non-empty `workdir` needs `resume` (continue; the config must match the stored one)
     or `overwrite`. A diverged sweep is reported with the others and `loop.Diverged`
@@ -142,7 +147,7 @@ def run(
     """
     plans = plan(config)
     if report_only:
-        return write_report(workdir, config, plans)
+        return parallel.primary_decides(lambda: write_report(workdir, config, plans))
     resuming = common.prepare(workdir, config, resume=resume, overwrite=overwrite)
     start = time.time()
     pairs = [f"{critic}/h{horizon}" for critic, horizon, _ in plans]
@@ -153,11 +158,11 @@ def run(
         try:
             horizon_sweep.run(
                 sweep, sweep_dir(workdir, critic, horizon), resume=resume,
-                overwrite=overwrite, progress=progress,
+                overwrite=overwrite, progress=progress, mesh=mesh,
             )  # fmt: skip
         except loop.Diverged as error:  # its rows are in its horizon.csv
             diverged.append(f"{critic}, h={horizon}: {error}")
-    summary = write_report(workdir, config, plans)
+    summary = parallel.primary_decides(lambda: write_report(workdir, config, plans))
     provenance.write(workdir, {**record, "wall_s": round(time.time() - start, 1)})
     if diverged:
         raise loop.Diverged(" ".join(diverged), [])

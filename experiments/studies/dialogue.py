@@ -69,8 +69,8 @@ def run(
 ) -> dict[str, Any]:
     """Runs the parts of `config.parts` into `workdir`; returns the summary of each part.
     `mesh`: the training parts split every batch's episodes over its devices, which may
-    span processes (docs/distributed.md); the credit part (a frozen policy's Monte-Carlo
-    continuations) runs on process 0 while the others wait, and process 0 writes."""
+    span processes (docs/distributed.md); the credit part splits its seeds over the
+    processes (`credit_accuracy.run`); process 0 writes."""
     start = time.time()
     parts = _parts(config)
     runs = training_runs(config, parts)
@@ -82,13 +82,8 @@ def run(
         mesh=mesh,
     )  # fmt: skip
     if "credit" in parts:
-
-        def credit() -> dict[str, Any]:
-            done = _credit(config.credit, os.path.join(workdir, "credit"), resume)
-            _write_summary({**summary, "credit": done}, workdir)
-            return done
-
-        summary["credit"] = parallel.primary_decides(credit)  # the others wait for it.
+        summary["credit"] = _credit(config.credit, os.path.join(workdir, "credit"), resume)
+        parallel.primary_decides(lambda: _write_summary(summary, workdir))
     record = provenance.own(workdir, config.to_dict())
     provenance.write(
         workdir, provenance.finish({**record, "wall_s": round(time.time() - start, 1)})

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 from typing import NamedTuple
 
+import jax
 import ml_collections
 import numpy as np
 
@@ -42,6 +43,7 @@ from experiments.studies import process_rewards
 from experiments.studies.common import names
 from experiments.studies.envs import kind_of
 from experiments.studies.envs import title
+from rlagent import parallel
 from rlagent.analysis import report
 from rlagent.analysis import stats
 from rlagent.host import provenance
@@ -62,9 +64,12 @@ def run(
     *,
     resume: bool = False,
     overwrite: bool = False,
+    mesh: jax.sharding.Mesh | None = None,
     progress: bool = False,
 ) -> dict[str, Any]:
     """Runs every part on every environment (module docstring); returns the summary.
+    `mesh`: the training parts split their batches' episodes over it, the credit part its
+    seeds over the processes (`credit_accuracy.run`); process 0 writes the report.
 
     A non-empty `workdir` is refused unless `resume` or `overwrite` (start clean). A
     resumed run must have the same config except `envs` (each part is a study of its own,
@@ -85,8 +90,10 @@ def run(
     for kind, part, part_config in plans:
         folder = os.path.join(workdir, kind, part)
         print(f"[generalization {time.time() - start:6.0f}s] {kind} / {part}", flush=True)
-        summaries.setdefault(kind, {})[part] = _run_part(part, part_config, folder, resume)
-    summary = write_report(workdir, summaries, config, load_references(config))
+        summaries.setdefault(kind, {})[part] = _run_part(part, part_config, folder, resume, mesh)
+    summary = parallel.primary_decides(
+        lambda: write_report(workdir, summaries, config, load_references(config))
+    )
     provenance.write(
         workdir, provenance.finish({**record, "wall_s": round(time.time() - start, 1)})
     )
@@ -193,17 +200,17 @@ def _check(part: str, part_config: ml_collections.ConfigDict) -> None:
         horizon_sweep.plan(part_config)
 
 
-def _run_part(part: str, part_config, folder: str, resume: bool) -> dict[str, Any]:
+def _run_part(part: str, part_config, folder: str, resume: bool, mesh) -> dict[str, Any]:
     """Runs one part into `folder` (kept when a resumed one finished); its summary."""
     path = os.path.join(folder, "summary.json")
     if resume and os.path.exists(path):
         with open(path) as f:
             return json.load(f)
     if part == "rewards":
-        return process_rewards.run(part_config, folder, resume=resume, progress=False)
+        return process_rewards.run(part_config, folder, resume=resume, progress=False, mesh=mesh)
     if part == "credit":  # keeps no checkpoints: an unfinished one starts again.
         return credit_accuracy.run(part_config, folder, overwrite=resume)
-    return horizon_sweep.run(part_config, folder, resume=resume, progress=False)
+    return horizon_sweep.run(part_config, folder, resume=resume, progress=False, mesh=mesh)
 
 
 # Findings ---------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ import numpy as np
 from experiments.studies import common
 from experiments.studies.sections import make
 from experiments.studies.sections import section
+from rlagent import parallel
 from rlagent.analysis import paired
 from rlagent.analysis import report
 from rlagent.analysis import stats
@@ -71,12 +72,15 @@ def run(
     *,
     resume: bool = False,
     overwrite: bool = False,
+    mesh: jax.sharding.Mesh | None = None,
     progress: bool = True,
     report_only: bool = False,
 ) -> dict[str, Any]:
     """Trains every (family, condition, seed) and writes the report into `workdir`;
     `report_only` only rewrites the report of a finished study from its metrics.csv and
-    summary.json's head starts (provenance.json is left as the run wrote it)."""
+    summary.json's head starts (provenance.json is left as the run wrote it). `mesh`: the
+    RL stage splits its batches' episodes over it; the SFT stages and the head starts'
+    evaluation (one program each) run whole in every process; process 0 writes."""
     common.check_counts(config, common.RUN_COUNTS)
     families = common.names(config.envs, "envs", "task family")
     env_configs = {name: family_config(config, name) for name in families}  # errors first
@@ -84,7 +88,9 @@ def run(
     sft_config = make(WarmStartConfig, config.sft, "sft")
     rejection = make(RejectionConfig, config.rejection, "rejection")
     if report_only:
-        return write_report(*finished_study(workdir), workdir, title=config.get("title", ""))
+        return parallel.primary_decides(
+            lambda: write_report(*finished_study(workdir), workdir, title=config.get("title", ""))
+        )
     resuming = common.prepare(workdir, config, resume=resume, overwrite=overwrite)
     start = time.time()
     record = common.start_record(workdir, resuming, config.to_dict(), families=families)
@@ -92,11 +98,13 @@ def run(
     for name, family in env_configs.items():
         family_rows, heads[name] = _train_family(
             family, name, sft_config, rejection, workdir=os.path.join(workdir, name),
-            resume=resume, overwrite=overwrite, progress=progress,
+            resume=resume, overwrite=overwrite, progress=progress, mesh=mesh,
         )  # fmt: skip
         rows += family_rows
         loop.clear_compiled()
-    summary = write_report(rows, heads, workdir, title=config.get("title", ""))
+    summary = parallel.primary_decides(
+        lambda: write_report(rows, heads, workdir, title=config.get("title", ""))
+    )
     wall = round(time.time() - start, 1)
     provenance.write(workdir, provenance.finish({**record, "wall_s": wall}))
     return summary
@@ -197,7 +205,9 @@ def conditions(config: ml_collections.ConfigDict) -> list[tuple[str, int, str, f
     return out
 
 
-def _train_family(config, name, sft_config, rejection, *, workdir, resume, overwrite, progress):
+def _train_family(
+    config, name, sft_config, rejection, *, workdir, resume, overwrite, progress, mesh=None
+):
     """Rows of every condition of one family (labelled `<family>/<condition>`, with
     `sft_turns` and `total_turns`) and each condition's post-SFT held-out success."""
     setup = common.build(config)
@@ -239,7 +249,7 @@ def _train_family(config, name, sft_config, rejection, *, workdir, resume, overw
             setup.train_config, setup.env, setup.policy_config, setup.rollout_config,
             evaluation=setup.eval_config, seeds=seeds, workdir=os.path.join(workdir, label),
             chunk_size=config.chunk_size, resume=resume, overwrite=overwrite,
-            progress=progress, initial_params=params,
+            progress=progress, initial_params=params, mesh=mesh,
             initial_params_config={"condition": label, "sft": dataclasses.asdict(sft_config),
                                    "rejection": dataclasses.asdict(rejection),
                                    "base_steps": config.base_steps},
