@@ -21,7 +21,7 @@ from absl import flags
 from experiments import launch
 from experiments.studies import ab_test
 
-_FLAGS = launch.define_flags("ab_test")
+_FLAGS = launch.define_flags("ab_test", multi_process=True)
 _A = flags.DEFINE_string("a", None, "Checkpoint of arm A: RUN_FOLDER[@STEP][#CONDITION/SEED].")
 _B = flags.DEFINE_string("b", None, "Checkpoint of arm B.")
 _GUARDRAIL_A = flags.DEFINE_string("guardrail_a", None, "Guardrail mode of arm A's env.")

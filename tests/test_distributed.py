@@ -27,13 +27,16 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from test_ab_test import checkpoints  # noqa: F401 - two tiny arms' fixture.
 from test_hf_agent import TIMINGS
 from test_hf_agent import assert_rows_close
 from test_hf_agent import toolworld_model  # noqa: F401 - the tiny checkpoint's fixture.
 
+from experiments.configs import ab_test as ab_config
 from experiments.configs import dialogue as dialogue_config
 from experiments.local_processes import finish
 from experiments.local_processes import start_local
+from experiments.studies import ab_test
 from experiments.studies import credit_accuracy
 from rlagent import parallel
 
@@ -104,11 +107,11 @@ def _rows(path) -> list[dict[str, str]]:
         return [{k: v for k, v in row.items() if k not in timings} for row in csv.DictReader(f)]
 
 
-def _params(checkpoints, step: int):
+def _params(folder, step: int):
     """Every array of checkpoint `step` (saved over two devices) read onto this one."""
     one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     handler = ocp.StandardCheckpointHandler()
-    with ocp.CheckpointManager(str(checkpoints), item_handlers=handler) as manager:
+    with ocp.CheckpointManager(str(folder), item_handlers=handler) as manager:
         target = jax.tree.map(
             lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=one),
             manager.item_metadata(step),
@@ -306,3 +309,21 @@ def test_a_one_process_launcher_refuses_several_naming_the_page(monkeypatch):
                        "docs/distributed.md"):  # fmt: skip
         launch.start_processes(one)
     launch.start_processes(one._replace(name="credit_accuracy", multi_process=True))
+
+
+def test_ab_test_on_two_processes_splits_the_tasks_and_equals_one(checkpoints, tmp_path):  # noqa: F811
+    """Each process plays half of the held-out tasks of both arms; the joined comparison is
+    one process's (the same keys per task), written once."""
+    flags = [f"--config.a={checkpoints['a']}", f"--config.b={checkpoints['b']}",
+             "--config.tasks=4", "--config.samples=4", "--config.greedy=False",
+             "--config.reps=200"]  # fmt: skip
+    argv = ["-m", "experiments.ab_test", f"--workdir={tmp_path / 'two'}", *flags]
+    _check_exits(finish(start_local(argv, processes=2, devices=1)), 0)
+    config = ab_config.get_config()
+    config.update(
+        a=checkpoints["a"], b=checkpoints["b"], tasks=4, samples=4, greedy=False, reps=200
+    )
+    one = ab_test.run(config, str(tmp_path / "one"))
+    two = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert two == json.loads(json.dumps(one, default=float))
+    assert sorted(os.listdir(tmp_path / "two")) == ["provenance.json", "summary.json", "summary.md"]

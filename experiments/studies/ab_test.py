@@ -37,6 +37,7 @@ from experiments.studies.common import check_counts
 from experiments.studies.envs import KINDS
 from experiments.studies.envs import make_env
 from experiments.studies.sections import make
+from rlagent import parallel
 from rlagent.analysis import paired
 from rlagent.analysis.stats import format_interval
 from rlagent.analysis.stats import holm
@@ -108,7 +109,7 @@ def run(
     )
     provenance.write(workdir, record)
     summary = compare_arms(arm_a, arm_b, config)
-    write_report(summary, workdir)
+    parallel.primary_decides(lambda: write_report(summary, workdir))
     provenance.write(
         workdir, provenance.finish({**record, "wall_s": round(time.time() - start, 1)})
     )
@@ -233,20 +234,33 @@ def play_arm(
 ) -> dict[str, np.ndarray]:
     """`{metric: [tasks]}` means over `samples` sampled episodes per task (plus, with
     `greedy`, the greedy episode's success, and `successes [tasks, samples]`), on the
-    held-out set `heldout_set`."""
+    held-out set `heldout_set`. In a multi-process run each process plays its share of
+    the tasks (`parallel.split`) and the shares are joined in task order
+    (`parallel.gather`)."""
+    if tasks < jax.process_count():
+        raise ValueError(f"config.tasks={tasks} is fewer than the {jax.process_count()} processes.")
     env_keys, policy_keys = eval_keys(tasks, heldout_set)
+    mine = np.asarray(parallel.split(range(tasks)), np.int32)
+    env_keys, policy_keys = env_keys[mine], policy_keys[mine]
     keys = jnp.repeat(env_keys, samples, axis=0)  # [tasks * samples]: task-major
     sample_keys = jax.vmap(lambda k: jax.random.split(k, samples))(policy_keys).reshape(
         -1, *policy_keys.shape[1:]
     )
     params = arm.checkpoint.params
     episodes = episode_values(rollout_of(arm)(params, keys, sample_keys))
-    out = {m: v.reshape(tasks, samples).mean(axis=1) for m, v in episodes.items()}
-    out["successes"] = episodes["success"].reshape(tasks, samples) > 0.5
+    out = {m: v.reshape(len(mine), samples).mean(axis=1) for m, v in episodes.items()}
+    out["successes"] = episodes["success"].reshape(len(mine), samples) > 0.5
     if greedy:
         play = rollout_of(arm, greedy=True)
         out["greedy success"] = episode_values(play(params, env_keys, policy_keys))["success"]
-    return out
+    shares = parallel.gather({"tasks": mine, **out})
+    joined = {}
+    for name in out:
+        whole = np.empty((tasks, *np.shape(out[name])[1:]), np.asarray(out[name]).dtype)
+        for share in shares:
+            whole[np.asarray(share["tasks"], np.int64)] = np.asarray(share[name])
+        joined[name] = whole
+    return joined
 
 
 def episode_values(trajectory) -> dict[str, np.ndarray]:
