@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Iterable
+from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
@@ -124,7 +126,7 @@ def sync(name: str) -> None:
     """Waits until every process has reached `sync(name)` (nothing in one process, or in
     process 0 alone inside `primary_decides`): a barrier of the coordination service,
     which waits without spinning a device."""
-    if jax.process_count() > 1 and not _alone:
+    if not _solo():
         _client().wait_at_barrier(_unique(name), WAIT_S * 1000)
 
 
@@ -132,7 +134,7 @@ def broadcast(value: Any) -> Any:
     """Process 0's `value` (anything `json` writes) on every process, through the
     coordination service's key-value store (the others block on it without spinning);
     `value` itself in a single-process run (or in process 0 alone, `primary_decides`)."""
-    if jax.process_count() == 1 or _alone:
+    if _solo():
         return value
     key, client = _unique("broadcast"), _client()
     if is_primary():
@@ -146,6 +148,12 @@ WAIT_S = 6 * 3600
 _calls = itertools.count()
 # Non-empty while process 0 runs a `primary_decides` alone (the others wait for it).
 _alone: list[bool] = []
+
+
+def _solo() -> bool:
+    """No other process to talk to: one process, or process 0 alone inside
+    `primary_decides`."""
+    return jax.process_count() == 1 or bool(_alone)
 
 
 def _unique(name: str) -> str:
@@ -173,7 +181,7 @@ def primary_decides(decide: Any, *, errors: tuple[type[Exception], ...] = ()) ->
     Inside `decide` process 0 is alone: a `primary_decides`, `broadcast` or `sync` there
     (a study that prepares its own workdir, run by process 0 for all) talks to no other
     process."""
-    if jax.process_count() == 1 or _alone:
+    if _solo():
         return decide()
     outcome, raised = None, None
     if is_primary():
@@ -209,7 +217,7 @@ def gather(value: Any) -> list[Any]:
     """Every process's `value` (anything `json` writes), in process order, on every process
     (through the coordination service's key-value store); `[value]` in one process, or in
     process 0 alone inside `primary_decides`."""
-    if jax.process_count() == 1 or _alone:
+    if _solo():
         return [value]
     key, client = _unique("gather"), _client()
     client.key_value_set(f"{key}/{jax.process_index()}", json.dumps(value, default=_plain))
@@ -219,10 +227,17 @@ def gather(value: Any) -> list[Any]:
     ]
 
 
+def gather_items(mine: Mapping[int, Any], items: Iterable[int]) -> list[Any]:
+    """The value of every item of `items`, in their order, from the `{item: value}` of
+    every process (its `split` share; values anything `json` writes)."""
+    joined = {int(item): value for share in gather(dict(mine)) for item, value in share.items()}
+    return [joined[item] for item in items]
+
+
 def split(items: Sequence[Any]) -> list[Any]:
     """This process's items of `items` (every process-count-th, from its index): work
     that `gather` joins; all of them in one process, or in process 0 alone."""
-    if jax.process_count() == 1 or _alone:
+    if _solo():
         return list(items)
     return list(items)[jax.process_index() :: jax.process_count()]
 

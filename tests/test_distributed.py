@@ -215,17 +215,22 @@ CREDIT = dict(
     num_groups=1, group_size=2, num_samples=2,
 )  # fmt: skip
 
+# The start of a `python -c` script run by `start_local`: joins the processes its flags
+# name (the arguments that are no flags are the script's own, in sys.argv[1:]).
+JOIN = f"""
+import json, os, sys
+sys.path.insert(0, {ROOT!r})
+from absl import flags
+from rlagent import parallel
+parallel.define_distributed_flags()
+flags.FLAGS(sys.argv[:1] + [arg for arg in sys.argv[1:] if arg.startswith("--")])
+parallel.maybe_initialize_distributed()
+"""
+
 # Two processes running the dialogue study (its credit part splits its seeds over the
 # processes) and the curriculum (host decisions from the metrics of a mesh run) on the
 # smallest configs, each on the global mesh; every process prints the summaries it got.
 STUDIES = """
-import json, os, sys
-sys.path.insert(0, {root!r})
-from absl import flags
-from rlagent import parallel
-parallel.define_distributed_flags()
-flags.FLAGS(sys.argv[:1] + sys.argv[2:])
-parallel.maybe_initialize_distributed()
 from experiments.configs import curriculum as curriculum_config
 from experiments.configs import dialogue as dialogue_config
 from experiments.studies import curriculum, dialogue
@@ -252,7 +257,7 @@ print(json.dumps(summaries, default=float, sort_keys=True))
 def test_dialogue_and_curriculum_on_two_processes_write_once_and_agree(tmp_path):
     """Both exit, hold process 0's summaries, write one set of files; the credit part's
     seeds, split over the processes and joined, give the rows of one process."""
-    script = STUDIES.format(root=ROOT, credit=CREDIT)
+    script = JOIN + STUDIES.format(credit=CREDIT)
     results = finish(start_local(["-c", script, str(tmp_path)], processes=2, devices=1))
     _check_exits(results, 0)
     first, second = (json.loads(out.strip().splitlines()[-1]) for _, out, _ in results)
@@ -273,29 +278,28 @@ def test_dialogue_and_curriculum_on_two_processes_write_once_and_agree(tmp_path)
 
 
 def test_split_gather_and_process_zero_alone_inside_primary_decides(tmp_path):
-    """`split` deals the items, `gather` joins every process's value in process order;
-    nested `primary_decides`, `broadcast`, `sync`, `split` and `gather` inside process 0's
-    decision talk to no other process (it takes every item), so the calls both processes
-    make afterwards still pair up."""
-    script = f"""
-import sys
-sys.path.insert(0, {ROOT!r})
-from absl import flags
-from rlagent import parallel
-parallel.define_distributed_flags()
-flags.FLAGS(sys.argv)
-parallel.maybe_initialize_distributed()
+    """`split` deals the items, `gather` joins every process's value in process order and
+    `gather_items` the shares' values in item order; nested `primary_decides`,
+    `broadcast`, `sync`, `split` and `gather` inside process 0's decision talk to no other
+    process (it takes every item), so the calls both processes make afterwards still pair
+    up."""
+    script = (
+        JOIN
+        + """
 def alone():
     parallel.sync("inside")
     mine = parallel.split(range(5))
     return parallel.primary_decides(lambda: 1) + parallel.broadcast(2) + sum(mine)
 print(parallel.primary_decides(alone), parallel.broadcast(parallel.is_primary() and 7),
-      parallel.gather(parallel.split(range(5))))
+      parallel.gather(parallel.split(range(5))),
+      parallel.gather_items({i: i * i for i in parallel.split(range(5))}, range(5)))
 """
+    )
     # Out of step, process 1 would wait for a key process 0 never sets: a timeout here.
     results = finish(start_local(["-c", script], processes=2, devices=1), timeout=120)
     _check_exits(results, 0)
-    every = "13 7 [[0, 2, 4], [1, 3]]"  # process 0 alone took all 5 items (10 + 1 + 2).
+    # Process 0 alone took all 5 items (10 + 1 + 2); the squares come back in item order.
+    every = "13 7 [[0, 2, 4], [1, 3]] [0, 1, 4, 9, 16]"
     assert [out.strip() for _, out, _ in results] == [every, every]
 
 

@@ -236,7 +236,7 @@ def play_arm(
     `greedy`, the greedy episode's success, and `successes [tasks, samples]`), on the
     held-out set `heldout_set`. In a multi-process run each process plays its share of
     the tasks (`parallel.split`) and the shares are joined in task order
-    (`parallel.gather`)."""
+    (`parallel.gather_items`)."""
     if tasks < jax.process_count():
         raise ValueError(f"config.tasks={tasks} is fewer than the {jax.process_count()} processes.")
     env_keys, policy_keys = eval_keys(tasks, heldout_set)
@@ -253,14 +253,9 @@ def play_arm(
     if greedy:
         play = rollout_of(arm, greedy=True)
         out["greedy success"] = episode_values(play(params, env_keys, policy_keys))["success"]
-    shares = parallel.gather({"tasks": mine, **out})
-    joined = {}
-    for name in out:
-        whole = np.empty((tasks, *np.shape(out[name])[1:]), np.asarray(out[name]).dtype)
-        for share in shares:
-            whole[np.asarray(share["tasks"], np.int64)] = np.asarray(share[name])
-        joined[name] = whole
-    return joined
+    per_task = {int(task): {m: v[i] for m, v in out.items()} for i, task in enumerate(mine)}
+    every = parallel.gather_items(per_task, range(tasks))
+    return {m: np.asarray([task[m] for task in every], v.dtype) for m, v in out.items()}
 
 
 def episode_values(trajectory) -> dict[str, np.ndarray]:

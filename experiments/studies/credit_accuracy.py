@@ -87,7 +87,7 @@ def run(
     A non-empty `workdir` is refused unless `overwrite` (which empties it first); the
     study keeps no checkpoints, so `resume` is refused. In a multi-process run the seeds
     are split over the processes (`parallel.split`), their rows joined in seed order
-    (`parallel.gather`), and process 0 writes.
+    (`parallel.gather_items`), and process 0 writes.
     """
     if resume:
         raise refuse_resume("experiments.credit_accuracy")
@@ -122,8 +122,7 @@ def run(
                             turns=float(batch.turns),
                         )
                     )
-            joined = {int(s): r for part in parallel.gather(mine) for s, r in part.items()}
-            rows += [row for seed in seeds for row in joined[seed]]
+            rows += [row for rows_of in parallel.gather_items(mine, seeds) for row in rows_of]
             if parallel.is_primary():
                 print(f"horizon {horizon} {policy_name}: {time.time() - start:.0f}s", flush=True)
     return parallel.primary_decides(lambda: _write_report(rows, workdir, config, start))

@@ -217,10 +217,9 @@ def _train_family(
     seeds = list(range(config.first_seed, config.first_seed + config.seeds))
     keys = jnp.stack([jax.random.PRNGKey(s) for s in seeds])
     # The program loop.run evaluates with (its held-out tasks, `config.eval.tasks`).
-    evaluation = setup.eval_config
     evaluate = loop.held_out_evaluator(
         setup.train_config, setup.env, setup.policy_config, setup.rollout_config,
-        dataclasses.replace(evaluation, every=evaluation.every or evaluation.episodes),
+        setup.eval_config,
     )  # fmt: skip
     start, base_turns = _base_policy(config, setup, trainer, sft_config, keys)
     rows, heads, programs = [], {}, {}

@@ -709,9 +709,9 @@ def held_out_evaluator(
 ) -> Any:
     """The `jit(vmap(evaluate))` that `run` evaluates its runs' parameters `[runs]` with
     (for a one-device run of the same arguments): a study that also evaluates its
-    starting policies shares the compiled program. `evaluation.every` must be > 0."""
-    if not evaluation.every:
-        raise ValueError("held_out_evaluator: evaluation.every is 0 (no evaluation).")
+    starting policies shares the compiled program. Also with `evaluation.every` 0 (when
+    `run` evaluates nothing): the schedule is not part of the program."""
+    evaluation = dataclasses.replace(evaluation, every=evaluation.every or 1)
     trainer = _trainer(config, env, policy_config, rollout_config, None)
     return _evaluator(trainer, env, rollout_config, evaluation)
 
